@@ -1,0 +1,25 @@
+"""xrt: a declarative, config-driven LLM inference runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "XrtConfig", "load_config", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import xrt` must stay cheap (config commands start in well under a second).
+    if name == "LLM":
+        from xrt.engine.llm import LLM
+
+        return LLM
+    if name == "XrtConfig":
+        from xrt.config import XrtConfig
+
+        return XrtConfig
+    if name == "load_config":
+        from xrt.cli.compose import load_config
+
+        return load_config
+    raise AttributeError(name)

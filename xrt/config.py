@@ -1,0 +1,269 @@
+"""xrt's configuration schema. These attrs classes are the single source of truth: help,
+JSON Schema, dumps, HF-config mapping and validation are all derived from them by `xrt.reflect`.
+
+Cross-field rules live in each class's `check()`, which returns `(dotted_field, message)` pairs
+relative to that class; `xrt.reflect.build` prefixes the path and reports all of them at once.
+Checks that need the machine (CUDA present, a writable path) run in `runtime_check()`, called
+when running, not when composing a config."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import attrs
+
+from xrt.reflect import each, field, ge, gt, in_range, power_of_two
+
+
+class Device(enum.Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class LoadFormat(enum.Enum):
+    AUTO = "auto"
+    SAFETENSORS = "safetensors"
+    DUMMY = "dummy"
+
+
+class DType(enum.Enum):
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class ExecutorKind(enum.Enum):
+    EAGER = "eager"
+    CUDAGRAPH = "cudagraph"
+
+
+class DistBackend(enum.Enum):
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
+class L2Backend(enum.Enum):
+    POSIX = "POSIX"
+    GDS = "GDS"
+    GDS_MT = "GDS_MT"
+    OBJ = "OBJ"
+
+
+class BenchPeer(enum.Enum):
+    NONE = "none"
+    HF = "hf"
+
+
+class BenchScenario(enum.Enum):
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+
+
+Problems = list[tuple[str, str]]
+
+
+@attrs.define
+class ModelArgs:
+    name: str = field("qwen3-tiny", help="model name; qwen3-tiny is made on first use when no path is given")
+    path: str = field("", help="HF checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    load_format: LoadFormat = field(
+        LoadFormat.AUTO, help="auto: safetensors when a checkpoint exists; dummy: random weights, no files"
+    )
+    dtype: DType = field(DType.AUTO, help="weight/activation dtype; auto: bfloat16 on CUDA, float32 on CPU")
+    vocab_size: int = field(151936, help="vocabulary size", hf="vocab_size", validator=gt(0))
+    hidden_size: int = field(1024, help="model width", hf="hidden_size", validator=gt(0))
+    intermediate_size: int = field(3072, help="MLP width", hf="intermediate_size", validator=gt(0))
+    num_hidden_layers: int = field(28, help="decoder layers", hf="num_hidden_layers", validator=gt(0))
+    num_attention_heads: int = field(16, help="query heads", hf="num_attention_heads", validator=gt(0))
+    num_key_value_heads: int = field(8, help="key/value heads (GQA)", hf="num_key_value_heads", validator=gt(0))
+    head_dim: int = field(128, help="per-head dimension", hf="head_dim", validator=gt(0))
+    rope_theta: float = field(1000000.0, help="RoPE base", hf="rope_theta", validator=gt(0))
+    rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", validator=gt(0))
+    max_position_embeddings: int = field(
+        40960, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)
+    )
+    tie_word_embeddings: bool = field(True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings")
+    max_model_len: int = field(4096, help="longest sequence (prompt + output) served", unit="tokens", validator=gt(0))
+
+    def check(self) -> Problems:
+        out: Problems = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            out.append(
+                (
+                    "num_key_value_heads",
+                    f"must divide num_attention_heads={self.num_attention_heads}, got {self.num_key_value_heads}",
+                )
+            )
+        if self.max_model_len > self.max_position_embeddings:
+            out.append(
+                (
+                    "max_model_len",
+                    f"must be <= max_position_embeddings={self.max_position_embeddings}, got {self.max_model_len}",
+                )
+            )
+        return out
+
+
+@attrs.define
+class ParallelArgs:
+    tp: int = field(1, help="tensor-parallel degree", validator=ge(1))
+    backend: DistBackend = field(DistBackend.AUTO, help="torch.distributed backend; auto: nccl on CUDA, gloo on CPU")
+    master_addr: str = field("127.0.0.1", help="rendezvous address when xrt spawns its workers")
+    master_port: int = field(29517, help="rendezvous port when xrt spawns its workers", validator=in_range(1, 65535))
+
+
+@attrs.define
+class ExecutorArgs:
+    kind: ExecutorKind = field(ExecutorKind.EAGER, help="eager: run the model directly; cudagraph: graph decode")
+    max_batch: int = field(128, help="largest decode batch captured as a CUDA graph", validator=ge(1))
+    buckets: list[int] = field(
+        factory=list,
+        help="decode graph batch buckets; empty: 1, 2, 4, 8, then steps of 8 (to 32) and 16 up to max_batch",
+        validator=each(ge(1)),
+    )
+    capture_sampling: bool = field(True, help="capture lm_head and greedy argmax inside the decode graph")
+    workspace_mb: int = field(256, help="FlashInfer workspace size", unit="MiB", validator=ge(16))
+
+    def check(self) -> Problems:
+        if self.buckets and max(self.buckets) > self.max_batch:
+            return [("buckets", f"must all be <= max_batch={self.max_batch}, got {max(self.buckets)}")]
+        return []
+
+
+@attrs.define
+class L1Args:
+    enabled: bool = field(False, help="keep stored KV chunks in pinned host memory")
+    size_gb: float = field(1.0, help="L1 capacity", unit="GB", validator=ge(0))
+
+
+@attrs.define
+class L2Args:
+    enabled: bool = field(False, help="persist KV chunks to storage through NIXL")
+    backend: L2Backend = field(L2Backend.POSIX, help="NIXL backend")
+    path: str = field("", help="directory holding the L2 files and index")
+    size_gb: float = field(4.0, help="L2 capacity", unit="GB", validator=ge(0))
+    file_size_mb: int = field(1024, help="size of each preallocated L2 file", unit="MiB", validator=ge(1))
+    backend_params: dict[str, str] = field(factory=dict, help="extra NIXL backend parameters")
+
+    def check(self) -> Problems:
+        if self.enabled and not self.path:
+            return [("path", "must be set when l2.enabled=true")]
+        return []
+
+
+@attrs.define
+class CacheArgs:
+    page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=power_of_two())
+    max_memory_utilization: float = field(
+        0.9,
+        help="fraction of total GPU memory the process may use; KV gets what is left after weights and activations",
+        validator=in_range(0.0, 1.0, lo_open=True),
+    )
+    kv_size_gb: float = field(0.25, help="KV cache size on CPU (GPU sizes from max_memory_utilization)", unit="GB",
+                              validator=gt(0))
+    num_pages: int = field(0, help="explicit number of KV pages; 0: derive from memory", validator=ge(0))
+    prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
+    chunk_tokens: int = field(256, help="tokens per KV-tier chunk", unit="tokens", validator=gt(0))
+    l1: L1Args = field(factory=L1Args, help="L1 tier: pinned host memory")
+    l2: L2Args = field(factory=L2Args, help="L2 tier: storage through NIXL")
+
+    def check(self) -> Problems:
+        if self.chunk_tokens % self.page_size:
+            return [("chunk_tokens", f"must be a multiple of page_size={self.page_size}, got {self.chunk_tokens}")]
+        return []
+
+
+@attrs.define
+class SchedulerArgs:
+    max_num_seqs: int = field(256, help="most sequences in one batch", validator=ge(1))
+    max_batched_tokens: int = field(8192, help="token budget of one prefill step", unit="tokens", validator=ge(1))
+    chunked_prefill: bool = field(True, help="split long prompts across steps under the token budget")
+
+
+@attrs.define
+class SamplingArgs:
+    temperature: float = field(0.0, help="0: greedy; > 0: sample from softmax(logits / temperature)", validator=ge(0))
+    top_k: int = field(0, help="keep the k most likely tokens; 0: all", validator=ge(0))
+    top_p: float = field(1.0, help="keep the smallest set with this probability mass",
+                         validator=in_range(0.0, 1.0, lo_open=True))
+    max_tokens: int = field(64, help="most tokens generated per request", validator=ge(1))
+    seed: int | None = field(None, help="per-request sampling seed; null: from the global seed")
+    ignore_eos: bool = field(False, help="keep generating past the end-of-sequence token")
+    stop: list[str] = field(factory=list, help="stop strings; output ends before the first match")
+
+
+@attrs.define
+class BenchArgs:
+    scenario: BenchScenario = field(BenchScenario.LATENCY, help="latency: TTFT/TPOT per batch; throughput: offline")
+    batch: list[int] = field(
+        factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100], help="batch sizes measured", validator=each(ge(1))
+    )
+    input_len: int = field(1024, help="prompt tokens per request", unit="tokens", validator=ge(1))
+    output_len: int = field(256, help="generated tokens per request", unit="tokens", validator=ge(1))
+    warmup: int = field(1, help="untimed repetitions before measuring", validator=ge(0))
+    iters: int = field(3, help="timed repetitions; the median is reported", validator=ge(1))
+    peer: BenchPeer = field(BenchPeer.NONE, help="hf: also run HF transformers with the same shape and weights")
+    num_requests: int = field(256, help="throughput scenario: requests submitted at once", validator=ge(1))
+    min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))
+    max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
+    out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written")
+
+    def check(self) -> Problems:
+        if self.min_len > self.max_len:
+            return [("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}")]
+        return []
+
+
+@attrs.define
+class XrtConfig:
+    model: ModelArgs = field(factory=ModelArgs, help="model and checkpoint")
+    parallel: ParallelArgs = field(factory=ParallelArgs, help="tensor parallelism")
+    executor: ExecutorArgs = field(factory=ExecutorArgs, help="how forward passes run")
+    cache: CacheArgs = field(factory=CacheArgs, help="paged KV cache and its tiers")
+    scheduler: SchedulerArgs = field(factory=SchedulerArgs, help="batching and chunked prefill")
+    sampling: SamplingArgs = field(factory=SamplingArgs, help="default sampling parameters")
+    bench: BenchArgs = field(factory=BenchArgs, help="benchmark protocol")
+    device: Device = field(Device.AUTO, help="auto: cuda when present, else cpu")
+    seed: int = field(0, help="global seed (dummy weights, sampling)")
+    prompt: str = field("Hello", help="run: the prompt to generate from")
+    prompts_file: str = field("", help="run: JSONL ({\"prompt\": ...} per line) or text file, one prompt per line")
+    output: str = field("", help="run: write generations as JSONL here")
+    chat: bool = field(False, help="run: apply the checkpoint's chat template to each prompt")
+
+    def check(self) -> Problems:
+        out: Problems = []
+        tp, m = self.parallel.tp, self.model
+        if m.num_attention_heads % tp:
+            out.append(("parallel.tp", f"must divide model.num_attention_heads={m.num_attention_heads}, got {tp}"))
+        if m.num_key_value_heads % tp and tp % m.num_key_value_heads:
+            out.append(
+                (
+                    "parallel.tp",
+                    f"must divide model.num_key_value_heads={m.num_key_value_heads} or be a multiple of it, got {tp}",
+                )
+            )
+        if self.scheduler.max_batched_tokens < self.cache.page_size:
+            out.append(("scheduler.max_batched_tokens", f"must be >= cache.page_size={self.cache.page_size}"))
+        return out
+
+
+def runtime_check(cfg: XrtConfig) -> Problems:
+    """Rules that depend on this machine; checked when running, not when composing."""
+    import torch
+
+    out: Problems = []
+    cuda = torch.cuda.is_available()
+    if cfg.executor.kind is ExecutorKind.CUDAGRAPH and (cfg.device is Device.CPU or not cuda):
+        out.append(("executor.kind", "cudagraph needs a CUDA device, and none is available; use executor=eager"))
+    if cfg.device is Device.CUDA and not cuda:
+        out.append(("device", "cuda requested but torch.cuda.is_available() is false"))
+    l2 = cfg.cache.l2
+    if l2.enabled and l2.path:
+        parent = l2.path if os.path.isdir(l2.path) else os.path.dirname(os.path.abspath(l2.path))
+        if not os.access(parent, os.W_OK):
+            out.append(("cache.l2.path", f"must be a writable directory, got {l2.path!r}"))
+    return out

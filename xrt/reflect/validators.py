@@ -1,0 +1,68 @@
+"""attrs validators whose messages read well after a dotted path:
+`cache.l1.size_gb: must be >= 0, got -1`. They raise ValueError("must be ..., got ...");
+`xrt.reflect.build` prefixes the path."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+Validator = Callable[[Any, attrs.Attribute, Any], None]
+
+
+def _make(ok: Callable[[Any], bool], expected: str) -> Validator:
+    def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
+        if value is not None and not ok(value):
+            raise ValueError(f"must be {expected}, got {value!r}")
+
+    check.expected = expected  # type: ignore[attr-defined]  # read by the JSON Schema / help
+    return check
+
+
+def ge(lo: float) -> Validator:
+    v = _make(lambda x: x >= lo, f">= {lo}")
+    v.minimum = lo  # type: ignore[attr-defined]
+    return v
+
+
+def gt(lo: float) -> Validator:
+    v = _make(lambda x: x > lo, f"> {lo}")
+    v.exclusive_minimum = lo  # type: ignore[attr-defined]
+    return v
+
+
+def le(hi: float) -> Validator:
+    v = _make(lambda x: x <= hi, f"<= {hi}")
+    v.maximum = hi  # type: ignore[attr-defined]
+    return v
+
+
+def in_range(lo: float, hi: float, *, lo_open: bool = False) -> Validator:
+    """lo <= x <= hi (or lo < x <= hi with lo_open)."""
+    if lo_open:
+        v = _make(lambda x: lo < x <= hi, f"in ({lo}, {hi}]")
+        v.exclusive_minimum = lo  # type: ignore[attr-defined]
+    else:
+        v = _make(lambda x: lo <= x <= hi, f"in [{lo}, {hi}]")
+        v.minimum = lo  # type: ignore[attr-defined]
+    v.maximum = hi  # type: ignore[attr-defined]
+    return v
+
+
+def power_of_two() -> Validator:
+    return _make(lambda x: x > 0 and (x & (x - 1)) == 0, "a power of two")
+
+
+def each(inner: Validator) -> Validator:
+    """Apply `inner` to every element of a list field."""
+
+    def check(inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        for i, x in enumerate(value or []):
+            try:
+                inner(inst, attr, x)
+            except ValueError as e:
+                raise ValueError(f"element {i} {e}") from None
+
+    check.expected = getattr(inner, "expected", "")  # type: ignore[attr-defined]
+    return check
