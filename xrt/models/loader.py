@@ -1,0 +1,104 @@
+"""Reading HF checkpoints: config.json and safetensors weights, single file or sharded."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or file a user pointed at is missing or unreadable."""
+
+
+def _check_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise CheckpointError(f"checkpoint directory {path} {what}")
+
+
+def _read_json(file: str) -> object:
+    try:
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: invalid JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{file}: not UTF-8 text ({e})") from None
+
+
+def read_hf_config(path: str) -> dict:
+    """The checkpoint's config.json as a dict."""
+    _check_dir(path)
+    file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{file} not found: an HF checkpoint directory needs config.json")
+    data = _read_json(file)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def shard_plan(path: str) -> dict[str, list[str]]:
+    """Safetensors file -> tensor names to read from it; from the index when sharded, else the single file."""
+    _check_dir(path)
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: expected a non-empty 'weight_map' object of tensor name -> shard file")
+        plan: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            plan.setdefault(os.path.join(path, str(shard)), []).append(name)
+        for file in plan:
+            if not os.path.isfile(file):
+                raise CheckpointError(f"{file} not found: listed as a shard in {index}")
+        return dict(sorted(plan.items()))
+    single = os.path.join(path, SINGLE_FILE)
+    if os.path.isfile(single):
+        return {single: []}
+    raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
+
+
+def _open(file: str):  # noqa: ANN202 - safetensors' handle type is not public
+    try:
+        return safe_open(file, framework="pt", device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: truncated or corrupt safetensors file ({e})") from None
+
+
+def iter_weights(path: str, dtype: torch.dtype, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF tensor name, tensor) for every weight in the checkpoint at `path`, floating tensors cast to dtype."""
+    plan = shard_plan(path)
+    handles = {file: _open(file) for file in plan}
+    for file, names in plan.items():
+        if not names:
+            plan[file] = list(handles[file].keys())
+    total = sum(len(names) for names in plan.values())
+    show = progress and sys.stderr.isatty()
+    with tqdm(total=total, desc="Loading weights", unit="tensor", file=sys.stderr, disable=not show) as bar:
+        for file, names in plan.items():
+            handle = handles.pop(file)
+            present = set(handle.keys())
+            for name in names:
+                if name not in present:
+                    raise CheckpointError(f"{file}: tensor {name} listed in {INDEX_FILE} is missing from the shard")
+                try:
+                    tensor = handle.get_tensor(name)
+                except (SafetensorError, OSError) as e:
+                    raise CheckpointError(f"{file}: truncated or corrupt safetensors file ({e})") from None
+                if tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
+                yield name, tensor
+                bar.update(1)
+            del handle
