@@ -81,7 +81,9 @@ class ModelArgs:
     num_attention_heads: int = field(16, help="query heads", hf="num_attention_heads", validator=gt(0))
     num_key_value_heads: int = field(8, help="key/value heads (GQA)", hf="num_key_value_heads", validator=gt(0))
     head_dim: int = field(128, help="per-head dimension", hf="head_dim", validator=gt(0))
-    rope_theta: float = field(1000000.0, help="RoPE base", hf="rope_theta", validator=gt(0))
+    rope_theta: float = field(
+        1000000.0, help="RoPE base", hf=("rope_theta", "rope_parameters.rope_theta"), validator=gt(0)
+    )
     rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", validator=gt(0))
     max_position_embeddings: int = field(
         40960, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)

@@ -4,17 +4,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
 Validator = Callable[[Any, attrs.Attribute, Any], None]
 
 
+def _show(value: Any) -> str:
+    # A float field given `-1` reads back as the user typed it, not as `-1.0`.
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
 def _make(ok: Callable[[Any], bool], expected: str) -> Validator:
     def check(_inst: Any, _attr: attrs.Attribute, value: Any) -> None:
         if value is not None and not ok(value):
-            raise ValueError(f"must be {expected}, got {value!r}")
+            raise ValueError(f"must be {expected}, got {_show(value)}")
 
     check.expected = expected  # type: ignore[attr-defined]  # read by the JSON Schema / help
     return check
@@ -65,4 +73,5 @@ def each(inner: Validator) -> Validator:
                 raise ValueError(f"element {i} {e}") from None
 
     check.expected = getattr(inner, "expected", "")  # type: ignore[attr-defined]
+    check.items = inner  # type: ignore[attr-defined]  # the JSON Schema puts inner's bounds on `items`
     return check
