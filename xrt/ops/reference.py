@@ -1,0 +1,100 @@
+"""The numerical reference for every xrt op, in plain torch. The custom ops in `xrt.ops.compute`,
+`xrt.ops.attention` and `xrt.ops.collectives` run these on any device without a faster kernel;
+CUDA kernels are tested against them. In-place functions mutate exactly what their op declares."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    # The sum is rounded to the activation dtype before normalising, as an unfused add would be.
+    summed = x + residual
+    residual.copy_(summed)
+    x.copy_(rms_norm(summed, weight, eps))
+
+
+def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX-style RoPE (HF rotate_half): x [..., D] fp32, cos/sin [..., D/2] broadcastable."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    t = qkv.shape[0]
+    q_end = num_heads * head_dim
+    k_end = q_end + num_kv_heads * head_dim
+    cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    for start, end, heads, weight in ((0, q_end, num_heads, q_weight), (q_end, k_end, num_kv_heads, k_weight)):
+        part = qkv[:, start:end].view(t, heads, head_dim)
+        normed = rms_norm(part.float(), weight, eps)
+        part.copy_(rotate_neox(normed, cos, sin))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    page_size = kv_cache.shape[2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    pages, offsets = slots // page_size, slots % page_size
+    kv_cache[pages, 0, offsets] = k[keep].to(kv_cache.dtype)
+    kv_cache[pages, 1, offsets] = v[keep].to(kv_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged KV: the sequence's last new
+    token sits at its last KV position, so query i of n sees KV positions <= kv_len - n + i."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    page_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    qo, kvp, last = qo_indptr.tolist(), kv_indptr.tolist(), kv_last_page_len.tolist()
+    for i in range(len(qo) - 1):
+        n_q, n_pages = qo[i + 1] - qo[i], kvp[i + 1] - kvp[i]
+        if n_q == 0 or n_pages == 0:
+            continue
+        kv_len = (n_pages - 1) * page_size + last[i]
+        pages = kv_indices[kvp[i] : kvp[i + 1]].long()
+        kv = kv_cache[pages].float()  # [n_pages, 2, page, KV, D]
+        k = kv[:, 0].reshape(-1, num_kv_heads, head_dim)[:kv_len].repeat_interleave(group, dim=1)
+        v = kv[:, 1].reshape(-1, num_kv_heads, head_dim)[:kv_len].repeat_interleave(group, dim=1)
+        qi = q[qo[i] : qo[i + 1]].float()
+        scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        q_pos = torch.arange(kv_len - n_q, kv_len, device=q.device)[:, None]
+        k_pos = torch.arange(kv_len, device=q.device)[None, :]
+        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out[qo[i] : qo[i + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
