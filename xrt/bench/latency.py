@@ -1,0 +1,171 @@
+"""Latency scenario: per batch, TTFT and TPOT of the engine (medians over timed repetitions after
+warm-up), the HF peer with the same protocol, and the bandwidth floor."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from xrt.bench.clock import StepClock
+from xrt.bench.engine_timing import Engine, RunTiming, time_batch
+from xrt.bench.environment import config_dict, environment
+from xrt.bench.floor import copy_bandwidth, decode_kv_bytes, decode_weight_bytes, default_copy_bytes
+from xrt.bench.peer_hf import HfPeer
+from xrt.bench.results import Record
+from xrt.bench.setup import bench_config, decode_bucket
+from xrt.bench.workload import random_prompts
+from xrt.config import BenchPeer, XrtConfig
+from xrt.executor.device import resolve_device, resolve_dtype
+
+Progress = Callable[[str], None]
+
+# Warm-up of the peer only needs its kernels and allocator warm, not a full-length decode.
+PEER_WARMUP_TOKENS = 8
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(runs: list[RunTiming]) -> dict[str, Any]:
+    return {
+        "ttft_ms": _median([r.ttft_ms for r in runs]),
+        "tpot_ms": _median([r.tpot_ms for r in runs]),
+        "ttft_wall_ms": _median([r.ttft_wall_ms for r in runs]),
+        "tpot_wall_ms": _median([r.tpot_wall_ms for r in runs]),
+        "ttft_ms_all": [r.ttft_ms for r in runs],
+        "tpot_ms_all": [r.tpot_ms for r in runs],
+        "prefill_steps": max(r.prefill_steps for r in runs),
+    }
+
+
+def kv_token_capacity(engine: Engine) -> tuple[int, int] | None:
+    """(num_pages, page_size) of the engine's KV cache, when the engine exposes its runner."""
+    for holder in (engine, getattr(engine, "runner", None), getattr(engine, "model_runner", None)):
+        if holder is not None and hasattr(holder, "num_pages") and hasattr(holder, "page_size"):
+            return int(holder.num_pages), int(holder.page_size)
+    return None
+
+
+def pages_needed(batch: int, tokens: int, page_size: int) -> int:
+    return batch * -(-tokens // page_size)
+
+
+def _peer_figures(
+    cfg: XrtConfig, device: torch.device, dtype: torch.dtype, progress: Progress
+) -> tuple[dict[int, Any], str]:
+    b = cfg.bench
+    peer = HfPeer(cfg, device, dtype)
+    clock = StepClock(device)
+    out: dict[int, Any] = {}
+    try:
+        for batch in b.batch:
+            for w in range(b.warmup):
+                peer.time_batch(clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, -1 - w),
+                                min(b.output_len, PEER_WARMUP_TOKENS))
+            runs = [
+                peer.time_batch(clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, i),
+                                b.output_len)
+                for i in range(b.iters)
+            ]
+            out[batch] = summarize(runs)
+            progress(f"[bench] hf batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
+                     f"TPOT {out[batch]['tpot_ms'] or float('nan'):.3f} ms")
+    except torch.OutOfMemoryError as e:
+        progress(f"[bench] hf peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
+    finally:
+        peer.close()
+    return out, peer.weights
+
+
+def build_engine(cfg: XrtConfig) -> Engine:
+    from xrt.engine.engine import LLMEngine
+
+    return LLMEngine(cfg)
+
+
+def run_latency(
+    cfg: XrtConfig, progress: Progress, engine_factory: Callable[[XrtConfig], Engine] = build_engine
+) -> list[Record]:
+    cfg = bench_config(cfg)
+    b = cfg.bench
+    device = resolve_device(cfg)
+    dtype = resolve_dtype(cfg, device)
+    bandwidth = copy_bandwidth(device, default_copy_bytes(device))
+    progress(f"[bench] {device} copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    peer: dict[int, Any] = {}
+    peer_weights = None
+    if b.peer is BenchPeer.HF:
+        # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
+        peer, peer_weights = _peer_figures(cfg, device, dtype, progress)
+
+    engine = engine_factory(cfg)
+    capacity = kv_token_capacity(engine)
+    clock = StepClock(device)
+    elem = dtype.itemsize
+    tp = cfg.parallel.tp
+    weight_bytes = decode_weight_bytes(cfg.model, elem)
+    base: dict[str, Any] = {
+        "scenario": "latency",
+        "executor": cfg.executor.kind.value,
+        "model": cfg.model.name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "input_len": b.input_len,
+        "output_len": b.output_len,
+        "warmup": b.warmup,
+        "iters": b.iters,
+        "tp": tp,
+        "peer": b.peer.value,
+        "peer_weights": peer_weights,
+        "bandwidth_gbps": bandwidth / 1e9,
+        "weight_bytes": weight_bytes,
+        **environment(device),
+        "config": config_dict(cfg),
+    }
+    records: list[Record] = []
+    for batch in b.batch:
+        rec: Record = {**base, "batch": batch, "bucket": decode_bucket(cfg.executor, batch),
+                       "status": "ok", "reason": None}
+        if capacity is not None:
+            num_pages, page_size = capacity
+            need = pages_needed(batch, b.input_len + b.output_len, page_size)
+            if need > num_pages:
+                rec.update(status="skipped", reason=f"needs {need} KV pages, the cache has {num_pages}")
+                records.append(rec)
+                progress(f"[bench] {rec['executor']} batch {batch}: skipped ({rec['reason']})")
+                continue
+        for w in range(b.warmup):
+            time_batch(engine, clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, -1 - w),
+                       b.output_len)
+        runs = [
+            time_batch(engine, clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, i),
+                       b.output_len)
+            for i in range(b.iters)
+        ]
+        rec.update(summarize(runs))
+        kv_bytes = decode_kv_bytes(cfg.model, batch, b.input_len + b.output_len / 2, elem)
+        floor_ms = (weight_bytes + kv_bytes) / (tp * bandwidth) * 1e3
+        rec.update(kv_bytes=kv_bytes, floor_ms=floor_ms,
+                   floor_pct=100 * floor_ms / rec["tpot_ms"] if rec["tpot_ms"] else None)
+        p = peer.get(batch)
+        if p:
+            rec.update(peer_ttft_ms=p["ttft_ms"], peer_tpot_ms=p["tpot_ms"],
+                       peer_ttft_ms_all=p["ttft_ms_all"], peer_tpot_ms_all=p["tpot_ms_all"],
+                       peer_ttft_ratio=p["ttft_ms"] / rec["ttft_ms"],
+                       peer_tpot_ratio=p["tpot_ms"] / rec["tpot_ms"] if p["tpot_ms"] and rec["tpot_ms"] else None)
+        records.append(rec)
+        progress(_progress_line(rec))
+    return records
+
+
+def _progress_line(r: Record) -> str:
+    line = f"[bench] {r['executor']} batch {r['batch']}: TTFT {r['ttft_ms']:.3f} ms"
+    if r["tpot_ms"] is not None:
+        line += f", TPOT {r['tpot_ms']:.3f} ms ({r['floor_pct']:.0f}% of floor {r['floor_ms']:.3f} ms)"
+    if r.get("peer_tpot_ratio"):
+        line += f", HF/ours TTFT {r['peer_ttft_ratio']:.2f}x TPOT {r['peer_tpot_ratio']:.2f}x"
+    return line

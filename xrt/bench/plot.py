@@ -1,0 +1,58 @@
+"""plot.png: TPOT and TTFT against batch for each latency group: ours per executor, the HF peer,
+xLLM's H100 figures (when the lengths match theirs) and the bandwidth floor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.results import Record
+from xrt.bench.table import latency_groups
+
+
+def _series(rows: list[Record], field: str) -> tuple[list[int], list[float]]:
+    pts = sorted((r["batch"], r[field]) for r in rows if r["status"] == "ok" and r.get(field) is not None)
+    return [b for b, _ in pts], [v for _, v in pts]
+
+
+def write_plot(records: list[Record], path: Path) -> bool:
+    """False when there is nothing to plot (no successful latency line)."""
+    groups = {k: v for k, v in latency_groups(records).items() if any(r["status"] == "ok" for r in v)}
+    if not groups:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.5 * len(groups)), squeeze=False)
+    for (key, rows), (ax_tpot, ax_ttft) in zip(groups.items(), axes, strict=True):
+        model, input_len, output_len, dtype, dev = key
+        xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
+        xb = sorted(xllm)
+        for ax, metric in ((ax_tpot, "tpot"), (ax_ttft, "ttft")):
+            for executor in sorted({r["executor"] for r in rows}):
+                mine = [r for r in rows if r["executor"] == executor]
+                ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {executor}")
+            peer_rows = {r["batch"]: r for r in rows if r.get(f"peer_{metric}_ms") is not None}
+            if peer_rows:
+                ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--", label="HF transformers")
+            for col in ("py_graph", "cpp_graph"):
+                if xb:
+                    ax.plot(xb, [xllm[b][f"{col}_{metric}"] for b in xb], ":", label=f"xLLM {col} (H100)")
+            if metric == "tpot":
+                floor = {r["batch"]: r for r in rows if r.get("floor_ms") is not None}
+                if floor:
+                    ax.plot(*_series(list(floor.values()), "floor_ms"), "k-", lw=0.8, label="bandwidth floor")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch")
+            ax.set_ylabel(f"{metric.upper()} ms")
+            ax.set_title(f"{metric.upper()}: {model}, in {input_len} / out {output_len}, {dtype}, {dev}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,30 @@
+"""results.jsonl: one JSON object per measurement. Every job of a multirun appends to the same
+file; the first job (index 0) starts it afresh so a rerun never mixes with stale lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+RESULTS = "results.jsonl"
+TABLE = "results.md"
+PLOT = "plot.png"
+
+
+def write_records(out_dir: Path, records: list[Record], fresh: bool) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / RESULTS
+    with path.open("w" if fresh else "a") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    return path
+
+
+def read_records(out_dir: Path) -> list[Record]:
+    path = out_dir / RESULTS
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]

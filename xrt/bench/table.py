@@ -1,0 +1,107 @@
+"""results.md from the result lines: one latency table per (model, input, output, dtype, device)
+and a throughput table. Later lines for the same row replace earlier ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.results import Record
+
+LatencyKey = tuple[str, int, int, str, str]
+
+
+def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
+    """Rows per group, last line per (executor, batch) wins, sorted by executor then batch."""
+    rows: dict[LatencyKey, dict[tuple[str, int], Record]] = {}
+    for r in records:
+        if r.get("scenario") != "latency":
+            continue
+        key = (r["model"], r["input_len"], r["output_len"], r["dtype"], r["device_name"])
+        rows.setdefault(key, {})[(r["executor"], r["batch"])] = r
+    return {k: [v[x] for x in sorted(v)] for k, v in rows.items()}
+
+
+def throughput_rows(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.get("scenario") == "throughput"]
+
+
+def _ms(x: Any) -> str:
+    return "–" if x is None else f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
+
+
+def _ratio(x: Any) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def _pair(a: Any, b: Any) -> str:
+    return "–" if a is None and b is None else f"{_ms(a)} / {_ms(b)}"
+
+
+def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
+    model, input_len, output_len, dtype, dev = key
+    xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
+    head = rows[0]
+    lines = [
+        f"## Latency: {model}, input {input_len}, output {output_len}, {dtype}, {dev}",
+        "",
+        f"torch {head['torch']}, commit {head['git_commit']}, warm-up {head['warmup']}, "
+        f"median of {head['iters']}; copy bandwidth {head.get('bandwidth_gbps') or 0:.0f} GB/s.",
+        "",
+        "| executor | batch | bucket | TTFT ms | TPOT ms | HF TTFT ms | HF TPOT ms | HF/ours TTFT | HF/ours TPOT "
+        "| xLLM py_graph TTFT / TPOT | xLLM cpp_graph TTFT / TPOT | floor ms | % of floor |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        x = xllm.get(r["batch"], {})
+        bucket = "–" if r.get("bucket") is None else str(r["bucket"])
+        if r["status"] != "ok":
+            lines.append(f"| {r['executor']} | {r['batch']} | {bucket} | skipped: {r['reason']} |" + " |" * 9)
+            continue
+        pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.0f}%"
+        lines.append(
+            f"| {r['executor']} | {r['batch']} | {bucket} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} "
+            f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "
+            f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
+            f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "
+            f"| {_pair(x.get('cpp_graph_ttft'), x.get('cpp_graph_tpot'))} "
+            f"| {_ms(r.get('floor_ms'))} | {pct} |"
+        )
+    return lines
+
+
+def _throughput_table(rows: list[Record]) -> list[str]:
+    lines = [
+        "## Throughput (all requests submitted at once)",
+        "",
+        "| executor | model | device | requests | lengths | input tokens | output tokens | wall s "
+        "| tokens/s | output tokens/s |",
+        "|---|---|---|--:|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['executor']} | {r['model']} | {r['device_name']} | {r['num_requests']} "
+            f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
+            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} |"
+        )
+    return lines
+
+
+NOTES = [
+    "TTFT: wall time of the prefill of the whole batch (until every sequence has its first token). "
+    "TPOT: mean decode step. HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; "
+    "HF/ours > 1 means we are faster. xLLM: published H100 figures (PR 1891), shown only for input 1024 / "
+    "output 256. floor: (weight bytes + KV bytes read by a mean decode step) / measured copy bandwidth; "
+    "% of floor = floor / TPOT.",
+]
+
+
+def render_markdown(records: list[Record]) -> str:
+    lines = ["# xrt bench", ""]
+    for key, rows in latency_groups(records).items():
+        lines += _latency_table(key, rows) + [""]
+    tput = throughput_rows(records)
+    if tput:
+        lines += _throughput_table(tput) + [""]
+    lines += NOTES
+    return "\n".join(lines) + "\n"

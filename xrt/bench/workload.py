@@ -1,0 +1,24 @@
+"""Seeded synthetic requests: random token ids, so no tokenizer or dataset is needed and every
+run of the same seed sees the same shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_prompts(vocab_size: int, batch: int, input_len: int, seed: int, rep: int) -> list[list[int]]:
+    """`batch` prompts of `input_len` ids. `rep` varies the ids between repetitions so a prefix cache
+    never turns a timed prefill into a lookup."""
+    rng = np.random.default_rng([seed, batch, input_len, rep])
+    return rng.integers(0, vocab_size, size=(batch, input_len)).tolist()
+
+
+def random_lengths(num: int, min_len: int, max_len: int, seed: int) -> list[tuple[int, int]]:
+    """(input_len, output_len) per request, each uniform in [min_len, max_len]."""
+    rng = np.random.default_rng([seed, num, min_len, max_len])
+    return [(int(i), int(o)) for i, o in rng.integers(min_len, max_len + 1, size=(num, 2))]
+
+
+def prompts_of_lengths(vocab_size: int, lengths: list[int], seed: int, rep: int) -> list[list[int]]:
+    rng = np.random.default_rng([seed, len(lengths), rep, 1])
+    return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]

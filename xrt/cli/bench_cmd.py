@@ -1,0 +1,43 @@
+"""`python -m xrt bench`: run the configured scenario, append its lines to
+<bench.out_dir>/results.jsonl, and regenerate results.md and plot.png from every line there."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from xrt.config import BenchScenario, XrtConfig
+
+
+def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
+    """One job of a (multi)run; job 0 starts results.jsonl afresh, later jobs append to it."""
+    from xrt.bench.plot import write_plot
+    from xrt.bench.results import PLOT, TABLE, read_records, write_records
+    from xrt.bench.setup import BenchError
+    from xrt.bench.table import render_markdown
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    out_dir = Path(cfg.bench.out_dir)
+    try:
+        if cfg.bench.scenario is BenchScenario.LATENCY:
+            from xrt.bench.latency import run_latency
+
+            records = run_latency(cfg, progress)
+        else:
+            from xrt.bench.throughput import run_throughput
+
+            records = run_throughput(cfg, progress)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = write_records(out_dir, records, fresh=job == 0)
+    everything = read_records(out_dir)
+    (out_dir / TABLE).write_text(render_markdown(everything))
+    plotted = write_plot(everything, out_dir / PLOT)
+    if not plotted:
+        (out_dir / PLOT).unlink(missing_ok=True)
+    done = f"{results}, {out_dir / TABLE}" + (f", {out_dir / PLOT}" if plotted else "")
+    progress(f"[bench] job {job + 1}/{num_jobs}: wrote {done}")
+    return 0
