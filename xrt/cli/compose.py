@@ -1,0 +1,270 @@
+"""Compose an `XrtConfig` from conf/ and command-line overrides with Hydra's Compose API.
+
+Hydra only merges YAML and parses overrides here: no working-directory change, no `outputs/`,
+no logging setup. The merged dict is then validated by `xrt.reflect.build`, so every problem
+(Hydra's or ours) comes out as one `ConfigError` line naming its dotted field."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from xrt.config import ModelArgs, XrtConfig
+from xrt.reflect import ConfigError, Problem, build, find, hf_values, to_dict, walk
+from xrt.reflect.build import INVALID, convert
+from xrt.reflect.suggest import closest
+from xrt.reflect.types import dict_types, field_types, is_config_class, list_item
+
+SCHEMA_NODE = "xrt_schema"
+
+
+def conf_dir() -> Path:
+    """conf/ as shipped in the wheel (xrt/conf) or at the top of a source checkout; XRT_CONF_DIR wins."""
+    package = Path(__file__).resolve().parents[1]
+    candidates = [package / "conf", package.parent / "conf"]
+    if os.environ.get("XRT_CONF_DIR"):
+        candidates.insert(0, Path(os.environ["XRT_CONF_DIR"]))
+    for c in candidates:
+        if (c / "config.yaml").is_file():
+            return c
+    raise ConfigError([("", f"cannot find xrt's conf/ directory (looked in {', '.join(map(str, candidates))})")])
+
+
+def group_options(conf: Path | None = None) -> dict[str, list[str]]:
+    """{group: [options]} from the conf/ folders, e.g. {"model": ["qwen3", ...], ...}."""
+    conf = conf or conf_dir()
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(conf.iterdir())
+        if d.is_dir() and any(d.glob("*.yaml"))
+    }
+
+
+def config_names(conf: Path | None = None) -> list[str]:
+    """Primary configs selectable with --config-name (config, bench)."""
+    return sorted(p.stem for p in (conf or conf_dir()).glob("*.yaml"))
+
+
+def load_config(overrides: list[str] | None = None, *, config_name: str = "config") -> XrtConfig:
+    """The validated config for these Hydra overrides (same composition as the CLI)."""
+    overrides = list(overrides or [])
+    conf = conf_dir()
+    problems: list[Problem] = []
+    parsed = parse_overrides(overrides, problems)
+    rewritten = precheck(parsed, group_options(conf), config_names(conf), config_name, problems)
+    # Unknown keys and sweeps are dropped and the rest still checked, so one run reports every
+    # mistake. A bad group option or unparsable value would change what the rest is checked against.
+    if not problems or all(m.startswith(("unknown field", "is a sweep")) for _, m in problems):
+        try:
+            raw = _compose(conf, config_name, rewritten)
+            _fill_from_checkpoint(raw, {o.key_or_group for o in parsed if not o.is_delete()})
+            cfg = build(XrtConfig, raw)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Hydra sweep syntax (`a=1,2 b=x,y`, `range(1,4)`, `glob(*)`) to one override list per job,
+    as a cartesian product in the order given (as Hydra's BasicSweeper does)."""
+    problems: list[Problem] = []
+    parsed = parse_overrides(overrides, problems)
+    options = group_options()
+    axes: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            axes[key] = [o.input_line]
+        elif o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP":
+            names = o.value().filter(options.get(o.key_or_group, []))
+            if not names:
+                problems.append((o.key_or_group, f"glob matches no option of group {o.key_or_group!r}"))
+            axes[key] = [f"{key}={n}" for n in names]
+        elif o.is_discrete_sweep():
+            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            problems.append((o.key_or_group, "only a,b,c / range() / glob() sweeps are supported"))
+    if problems:
+        raise ConfigError(problems)
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+@cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
+    """Hydra `Override` objects; every unparsable override is left out and reported, naming its key."""
+    from hydra.errors import HydraException
+
+    parsed = []
+    for s in overrides:
+        try:
+            parsed.append(_parser().parse_override(s))
+        except HydraException as e:
+            key = s.split("=", 1)[0].lstrip("+~").strip() or s
+            value = s.split("=", 1)[1] if "=" in s else ""
+            what = f"cannot parse {s!r}" if "=" not in s else f"cannot parse value {value!r}"
+            hint = "expected key=value" if "=" not in s else "quote values with spaces or special characters"
+            problems.append((key, f"{what} ({_first_line(str(e))}); {hint}"))
+    return parsed
+
+
+def precheck(
+    parsed: list[Any], groups: dict[str, list[str]], names: list[str], config_name: str, problems: list[Problem]
+) -> list[str]:
+    """Check every override against the schema and the group options before Hydra sees them, so all
+    mistakes are reported at once with a suggestion; bad overrides are left out. Returns the overrides
+    to hand to Hydra: entries of dict fields (and `+` on existing fields) become `++`, which sets or adds."""
+    if config_name not in names:
+        problems.append(("--config-name", f"no config {config_name!r}; available: {', '.join(names)}"))
+    out: list[str] = []
+    for o in parsed:
+        key, line = o.key_or_group, o.input_line
+        value_text = line.split("=", 1)[1] if "=" in line else ""
+        if o.package is not None or key == "hydra" or key.startswith("hydra."):
+            out.append(line)
+            continue
+        if o.is_sweep_override():
+            info = None if key in groups else find(XrtConfig, key)
+            as_list = f", or write {key}=[{value_text}] for a list" if info and list_item(info.type) else ""
+            problems.append((key, f"is a sweep ({value_text}): add -m to run one job per value{as_list}"))
+            continue
+        if key in groups:
+            if not o.is_delete():
+                problems.extend(_check_option(key, o.value(), groups[key]))
+            out.append(line)
+            continue
+        where, message = _locate(key, groups)
+        if where == "unknown":
+            problems.append((key, message))
+        elif o.is_delete():
+            out.append(line)
+        elif where == "entry" or o.is_add():
+            out.append("++" + line.lstrip("+"))
+        else:
+            out.append(line)
+    return out
+
+
+def _check_option(group: str, value: Any, options: list[str]) -> list[Problem]:
+    if isinstance(value, str) and value in options:
+        return []
+    hint = closest(str(value), options)
+    suggestion = f"; did you mean {hint}?" if hint else ""
+    return [(group, f"no option {value!r} in group {group!r}; available: {', '.join(options)}{suggestion}")]
+
+
+def _locate(key: str, groups: dict[str, list[str]]) -> tuple[str, str]:
+    """("field" | "entry" | "unknown", message) for a dotted key: a schema field (or group of fields),
+    an entry inside a dict field, or unknown (with a 'did you mean')."""
+    cls: Any = XrtConfig
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        types = field_types(cls)
+        if part not in types:
+            return "unknown", _unknown_message(key, ".".join(parts[:i]), list(types))
+        tp = types[part]
+        rest = parts[i + 1:]
+        if not rest:
+            return "field", ""
+        if is_config_class(tp):
+            cls = tp
+            continue
+        if dict_types(tp) is not None:
+            return "entry", ""
+        if list_item(tp) is not None and len(rest) == 1 and rest[0].isdigit():
+            return "field", ""
+        return "unknown", f"unknown field: {'.'.join(parts[: i + 1])} is a single value, not a group"
+    return "field", ""
+
+
+def _unknown_message(key: str, parent: str, siblings: list[str]) -> str:
+    paths = [f.path for f in walk(XrtConfig, groups=True)]
+    hit = closest(key, paths)
+    if hit is None:
+        leaf = key.rsplit(".", 1)[-1]
+        same = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]
+        hit = same[0] if same else None
+    if hit is None and parent:
+        hit = closest(f"{parent}.{key.rsplit('.', 1)[-1]}", [f"{parent}.{s}" for s in siblings])
+    if hit is not None:
+        return f"unknown field; did you mean {hit}?"
+    where = f"in {parent}" if parent else "at the top level"
+    return f"unknown field; fields {where}: {', '.join(siblings)}"
+
+
+def _compose(conf: Path, config_name: str, overrides: list[str]) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from xrt.cli.errors import hydra_problems
+
+    ConfigStore.instance().store(name=SCHEMA_NODE, node=to_dict(XrtConfig()))
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="xrt"):
+            cfg = compose(config_name=config_name, overrides=overrides)
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException, ValueError, KeyError) as e:
+        raise ConfigError(hydra_problems(e, overrides)) from e
+    assert isinstance(raw, dict)
+    return raw
+
+
+def _fill_from_checkpoint(raw: dict[str, Any], explicit: set[str]) -> None:
+    """When model.path is set, the checkpoint's config.json gives the shape fields (HF keys from
+    ModelArgs' metadata); a field set explicitly on the command line still wins."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or not model.get("path"):
+        return
+    path = os.path.expanduser(str(model["path"]))
+    model["path"] = path
+    data = _read_config_json(path)
+    types = field_types(ModelArgs)
+    problems: list[Problem] = []
+    for name, value in hf_values(ModelArgs, data).items():
+        if f"model.{name}" in explicit:
+            continue
+        sub: list[Problem] = []
+        if convert(value, types[name], f"model.{name}", sub) is INVALID:
+            problems.extend((p, f"{m} (in {os.path.join(path, 'config.json')})") for p, m in sub)
+        model[name] = value
+    if problems:
+        raise ConfigError(problems)
+
+
+def _read_config_json(path: str) -> dict[str, Any]:
+    file = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        raise ConfigError([("model.path", f"no such directory: {path!r} (expected an HF checkpoint directory)")])
+    if not os.path.isfile(file):
+        raise ConfigError([("model.path", f"{file}: not found (an HF checkpoint directory holds config.json)")])
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError([("model.path", f"{file}: not valid JSON ({e.msg} at line {e.lineno})")]) from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([("model.path", f"{file}: cannot read ({e})")]) from e
+    if not isinstance(data, dict):
+        raise ConfigError([("model.path", f"{file}: must hold a JSON object, got {type(data).__name__}")])
+    return data
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+__all__ = ["conf_dir", "config_names", "expand_sweeps", "group_options", "load_config", "parse_overrides", "precheck"]

@@ -1,0 +1,226 @@
+"""`python -m xrt {run,bench,serve,config} [-m] [--config-name NAME] [overrides]`.
+
+Subcommands other than `config` live in `xrt.cli.<name>_cmd` and are imported only when used,
+so `config` and `--help` stay fast (no torch, Hydra only when composing)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+import attrs
+
+from xrt.reflect import ConfigError, Problem
+from xrt.reflect.suggest import did_you_mean
+
+COMMANDS = {
+    "run": "generate from `prompt` (or `prompts_file`) with the configured model",
+    "bench": "measure TTFT/TPOT per batch (conf/bench.yaml; sweep with -m)",
+    "serve": "OpenAI-compatible HTTP server",
+    "config": "show|validate|schema|fields: print or check the composed config",
+}
+DEFAULT_CONFIG = {"bench": "bench"}
+USAGE = "usage: python -m xrt {run,bench,serve,config} [-m] [--config-name NAME] [key=value ...]"
+
+
+class UsageError(Exception):
+    pass
+
+
+@attrs.define
+class Invocation:
+    command: str
+    action: str | None = None
+    multirun: bool = False
+    config_name: str | None = None
+    as_json: bool = False
+    help: bool = False
+    overrides: list[str] = attrs.Factory(list)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(args)
+    except ConfigError as e:
+        _debug_traceback()
+        for line in e.lines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except UsageError as e:
+        _debug_traceback()
+        print(f"error: {e}\n{USAGE}\n(python -m xrt --help lists commands, options and fields)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(args: list[str]) -> int:
+    if not args:
+        raise UsageError("no command given")
+    if args[0] in ("-h", "--help"):
+        print(full_help())
+        return 0
+    if args[0] == "--version":
+        from xrt import __version__
+
+        print(__version__)
+        return 0
+    inv = parse_args(args)
+    if inv.help:
+        print(full_help(inv.command))
+        return 0
+    if inv.command == "config":
+        return _config(inv)
+    return _dispatch(inv)
+
+
+def parse_args(args: list[str]) -> Invocation:
+    command = args[0]
+    if command not in COMMANDS:
+        hint = did_you_mean(command, COMMANDS)
+        raise UsageError(f"unknown command {command!r}{hint}; commands: {', '.join(COMMANDS)}")
+    inv = Invocation(command)
+    rest = iter(args[1:])
+    for tok in rest:
+        if tok == "--":
+            inv.overrides.extend(rest)
+        elif tok in ("-m", "--multirun"):
+            inv.multirun = True
+        elif tok in ("-h", "--help"):
+            inv.help = True
+        elif tok in ("--config-name", "-cn"):
+            inv.config_name = next(rest, None)
+            if not inv.config_name:
+                raise UsageError(f"{tok} needs a value (a .yaml file name in conf/, e.g. bench)")
+        elif tok.startswith("--config-name="):
+            inv.config_name = tok.split("=", 1)[1]
+        elif tok == "--json" and command == "config":
+            inv.as_json = True
+        elif tok.startswith("-"):
+            raise UsageError(f"unknown option {tok!r}")
+        elif command == "config" and inv.action is None and "=" not in tok and tok[:1] not in "+~":
+            inv.action = tok
+        else:
+            inv.overrides.append(tok)
+    return inv
+
+
+def _config(inv: Invocation) -> int:
+    from xrt.cli import config_cmd
+
+    if inv.action not in config_cmd.ACTIONS:
+        given = "no action given" if inv.action is None else f"unknown action {inv.action!r}"
+        hint = did_you_mean(inv.action, config_cmd.ACTIONS) if inv.action else ""
+        raise UsageError(f"xrt config: {given}{hint}; actions: {', '.join(config_cmd.ACTIONS)}")
+    if inv.action in ("schema", "fields"):
+        if inv.overrides:
+            raise UsageError(f"xrt config {inv.action} takes no overrides, got {' '.join(inv.overrides)}")
+        print(config_cmd.schema() if inv.action == "schema" else config_cmd.fields())
+        return 0
+    jobs = _jobs(inv)
+    cfgs = _compose_all(jobs, inv.config_name or "config", inv.multirun)
+    for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
+        label = _job_label(i, len(jobs), job)
+        if inv.action == "validate":
+            print(f"{label}: ok" if inv.multirun else "ok")
+        else:
+            if inv.multirun:
+                print(f"# {label}")
+            print(config_cmd.show(cfg, as_json=inv.as_json))
+    return 0
+
+
+def _dispatch(inv: Invocation) -> int:
+    module_name = f"xrt.cli.{inv.command}_cmd"
+    if importlib.util.find_spec(module_name) is None:
+        print(f"xrt {inv.command}: not available yet", file=sys.stderr)
+        return 2
+    jobs = _jobs(inv)
+    cfgs = _compose_all(jobs, inv.config_name or DEFAULT_CONFIG.get(inv.command, "config"), inv.multirun)
+    from xrt.config import runtime_check
+
+    _raise_all([runtime_check(cfg) for cfg in cfgs], jobs, inv.multirun)
+    module = importlib.import_module(module_name)
+    status = 0
+    for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
+        if inv.multirun:
+            print(f"[{_job_label(i, len(jobs), job)}]", flush=True)
+        rc = module.main(cfg, i, len(jobs)) if inv.command == "bench" else module.main(cfg)
+        status = status or int(rc or 0)
+    return status
+
+
+def _jobs(inv: Invocation) -> list[list[str]]:
+    if not inv.multirun:
+        return [inv.overrides]
+    from xrt.cli.compose import expand_sweeps
+
+    return expand_sweeps(inv.overrides)
+
+
+def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> list:
+    """Every job's config, composed before any job runs, so a sweep fails early and all at once."""
+    from xrt.cli.compose import load_config
+
+    cfgs, found = [], []
+    for job in jobs:
+        try:
+            cfgs.append(load_config(job, config_name=config_name))
+            found.append([])
+        except ConfigError as e:
+            found.append(e.problems)
+    _raise_all(found, jobs, multirun)
+    return cfgs
+
+
+def _raise_all(found: list[list[Problem]], jobs: list[list[str]], multirun: bool) -> None:
+    if not any(found):
+        return
+    if not multirun or len(jobs) == 1:
+        raise ConfigError(p for ps in found for p in ps)
+    where: dict[Problem, list[str]] = {}
+    for i, ps in enumerate(found):
+        for p in ps:
+            where.setdefault(p, []).append(str(i + 1))
+    raise ConfigError(
+        (path, msg if len(ids) == len(jobs) else f"{msg} [job {', '.join(ids)} of {len(jobs)}]")
+        for (path, msg), ids in where.items()
+    )
+
+
+def _job_label(i: int, n: int, job: list[str]) -> str:
+    return f"job {i + 1}/{n}: {' '.join(job) if job else '(defaults)'}"
+
+
+def full_help(command: str | None = None) -> str:
+    from xrt.cli.compose import config_names, group_options
+    from xrt.cli.config_cmd import ACTIONS, fields
+
+    lines = [USAGE, "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, text in COMMANDS.items()]
+    if command == "config":
+        lines += ["", "xrt config actions:"] + [f"  {a:<8} {t}" for a, t in ACTIONS.items()]
+    lines += [
+        "",
+        "options:",
+        "  -m, --multirun       sweep: `executor=eager,cudagraph bench.batch=1,8` runs one job per combination",
+        f"  --config-name NAME   primary config in conf/ ({', '.join(config_names())}); bench uses `bench`",
+        "  --json               config show: JSON instead of YAML",
+        "  -h, --help           this help",
+        "",
+        "overrides (Hydra syntax): key=value, group=option, key=[a,b] (list), +key=value (add), ~key (delete)",
+        "",
+        "groups:",
+    ]
+    lines += [f"  {g:<10} {', '.join(opts)}" for g, opts in group_options().items()]
+    lines += ["", "fields:", fields(), "", "environment: XRT_DEBUG=1 shows tracebacks for config errors"]
+    return "\n".join(lines)
+
+
+def _debug_traceback() -> None:
+    if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
+        traceback.print_exc()
