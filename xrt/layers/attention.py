@@ -1,0 +1,72 @@
+"""Self-attention over the paged KV cache. The layer writes this step's K/V into its cache
+(`store_kv`) and calls whichever backend the executor put in the forward context."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xrt.attention.context import get_forward_context
+from xrt.layers.linear import QKVParallelLinear, RowParallelLinear
+from xrt.layers.norm import RMSNorm
+from xrt.layers.rotary import RotaryEmbedding
+from xrt.ops.attention import store_kv
+from xrt.ops.compute import qk_norm_rope
+
+
+class PagedAttention(nn.Module):
+    """Attention core of one layer. `kv_cache` ([num_pages, 2, page_size, num_kv_heads, head_dim])
+    is bound by the executor after it allocates the cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.layer_idx = layer_idx
+        self.kv_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
+        ctx = get_forward_context()
+        store_kv(k, v, self.kv_cache, ctx.meta.slot_mapping)
+        return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale)
+
+
+class QKNormSelfAttention(nn.Module):
+    """qkv projection -> per-head RMSNorm of q and k + RoPE (one op, in place) -> paged attention
+    -> output projection (Qwen3 style)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        eps: float,
+        rotary: RotaryEmbedding,
+        layer_idx: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, dtype, device)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.eps = eps
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, dtype, device)
+        self.q_norm = RMSNorm(head_dim, eps, dtype, device)
+        self.k_norm = RMSNorm(head_dim, eps, dtype, device)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden)
+        qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, h, kv, d,
+                     self.eps)
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+        out = self.attn(q.view(t, h, d), k.view(t, kv, d), v.view(t, kv, d))
+        return self.o_proj(out.reshape(t, h * d))

@@ -1,0 +1,111 @@
+"""Linear layers, sharded for tensor parallelism (one rank by default): column-parallel splits
+the output features, row-parallel the input features (then all-reduces). QKV and gate/up are
+fused column-parallel layers loaded shard by shard from the checkpoint's separate tensors."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xrt.layers.weights import check_shape, divide, new_param
+from xrt.ops.collectives import all_reduce_
+from xrt.ops.parallel_state import tp_rank, tp_size
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.output_size_per_rank = divide(output_size, self.tp_size, "output size")
+        self.weight = new_param((self.output_size_per_rank, input_size), dtype, device)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        check_shape(loaded, (self.output_size, self.input_size))
+        n = self.output_size_per_rank
+        param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs side by side (gate and up): checkpoint shard i fills
+    rows [sum(sizes[:i]), sum(sizes[:i+1])) / tp of this rank's weight."""
+
+    def __init__(
+        self, input_size: int, output_sizes: list[int], dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), dtype, device)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+        full = self.output_sizes[shard_id]
+        check_shape(loaded, (full, self.input_size))
+        n = divide(full, self.tp_size, "merged output size")
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        param.data.narrow(0, offset, n).copy_(loaded.narrow(0, self.tp_rank * n, n))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; output rows [q heads | k heads | v heads] of this rank.
+    With more ranks than KV heads, each KV head is replicated on tp / num_kv_heads ranks."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        tp = tp_size()
+        self.head_dim = head_dim
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
+        if tp >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            divide(tp, total_num_kv_heads, "num_key_value_heads (as divisor)")
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp, "num_key_value_heads")
+        super().__init__(hidden_size, (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp, dtype, device)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        d = self.head_dim
+        if shard_id == "q":
+            check_shape(loaded, (self.total_num_heads * d, self.input_size))
+            rows, src_start, dst_start = self.num_heads * d, self.tp_rank * self.num_heads * d, 0
+        else:
+            check_shape(loaded, (self.total_num_kv_heads * d, self.input_size))
+            replicas = max(1, self.tp_size // self.total_num_kv_heads)
+            rows = self.num_kv_heads * d
+            src_start = (self.tp_rank // replicas) * rows
+            dst_start = self.num_heads * d + (rows if shard_id == "v" else 0)
+        param.data.narrow(0, dst_start, rows).copy_(loaded.narrow(0, src_start, rows))
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.input_size_per_rank = divide(input_size, self.tp_size, "input size")
+        self.weight = new_param((output_size, self.input_size_per_rank), dtype, device)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        check_shape(loaded, (self.output_size, self.input_size))
+        n = self.input_size_per_rank
+        param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.tp_size > 1:
+            all_reduce_(y)
+        return y

@@ -1,0 +1,21 @@
+"""Gated MLP: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xrt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from xrt.ops.compute import silu_and_mul
+
+
+class GatedMLP(nn.Module):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, dtype, device)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
