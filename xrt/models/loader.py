@@ -70,7 +70,7 @@ def shard_plan(path: str) -> dict[str, list[str]]:
     raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
 
 
-def _open(file: str):  # noqa: ANN202 - safetensors' handle type is not public
+def _open(file: str) -> safe_open:
     try:
         return safe_open(file, framework="pt", device="cpu")
     except (SafetensorError, OSError) as e:
