@@ -1,0 +1,188 @@
+"""FlashInfer (0.6.14) attention over the paged KV cache: decode, paged prefill (cached prefix or
+chunked, and by default every prefill), optional ragged prefill, and fixed-layout decode wrappers
+for CUDA-graph replay. flashinfer is imported when a backend is built, never at module import, so
+this file imports on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any
+
+import torch
+
+from xrt.attention.metadata import AttentionMetadata
+
+KV_LAYOUT = "NHD"
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+# FlashInfer's decode/prefill kernels are instantiated for these head sizes.
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+class FlashInferUnavailable(ImportError):
+    """FlashInfer cannot serve this model here; the runner falls back to the torch reference."""
+
+
+def unsupported_reason(dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why FlashInfer cannot serve this dtype and head size here, or None when it can."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer-python is not installed"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"FlashInfer attention needs bfloat16 or float16, got {str(dtype).removeprefix('torch.')}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"FlashInfer attention needs head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}"
+    return None
+
+
+def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    # Same rule as sglang: the tensor-core (prefill-kernel) decode pays off from GQA groups of 4.
+    return num_heads // num_kv_heads >= 4
+
+
+class GraphDecodeBuffers:
+    """Device buffers the CUDA-graph decode wrappers read; one set sized for the largest bucket,
+    each bucket's wrapper gets leading slices (only one bucket replays at a time)."""
+
+    def __init__(self, max_batch: int, max_pages_per_seq: int, device: torch.device) -> None:
+        self.kv_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
+        self.kv_indices = torch.zeros(max_batch * max_pages_per_seq, dtype=torch.int32, device=device)
+        self.kv_last_page_len = torch.ones(max_batch, dtype=torch.int32, device=device)
+
+
+class FlashInferBackend:
+    """plan(meta) once per step from the *_host tensors, then forward(q, kv_cache, layer_idx, scale)
+    per layer. All wrappers share one float workspace (they never run concurrently)."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        workspace_mb: int,
+        kv_dtype: torch.dtype | None = None,
+        ragged_prefill: bool = False,
+    ) -> None:
+        reason = unsupported_reason(dtype, head_dim) or unsupported_reason(kv_dtype or dtype, head_dim)
+        if reason:
+            raise FlashInferUnavailable(reason)
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"FlashInfer attention needs a CUDA device, got {device}")
+        import flashinfer
+
+        self._fi = flashinfer
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self.dtype = dtype
+        self.kv_dtype = kv_dtype or dtype
+        self.device = torch.device(device)
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.ragged_prefill = ragged_prefill
+        self.tensor_cores = use_tensor_cores(num_heads, num_kv_heads)
+        # Zeroed: FlashInfer requires the float workspace be zero-initialised before its first use.
+        self.workspace = torch.zeros(workspace_mb << 20, dtype=torch.uint8, device=self.device)
+        fi = self._fi
+        self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, KV_LAYOUT, use_tensor_cores=self.tensor_cores
+        )
+        self._paged_prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, KV_LAYOUT)
+        self._ragged_prefill = (
+            fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, KV_LAYOUT) if ragged_prefill else None
+        )
+        self._graph_decode: dict[int, Any] = {}
+        self.graph_buffers: GraphDecodeBuffers | None = None
+        self._active: Any = None
+        self._active_ragged = False
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def _dtypes(self) -> dict[str, Any]:
+        return {"q_data_type": self.dtype, "kv_data_type": self.kv_dtype, "sm_scale": self.scale}
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        if meta.page_size != self.page_size:
+            raise ValueError(f"metadata page_size {meta.page_size} != backend page_size {self.page_size}")
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if not meta.is_prefill:
+            self._decode.plan(
+                meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, h, kv, d, self.page_size,
+                **self._dtypes(),
+            )
+            self._set_active(self._decode, ragged=False)
+        elif self._ragged_prefill is not None and not meta.has_prefix:
+            # No cached prefix: the KV of each sequence is exactly this step's k/v, CSR as the queries.
+            self._ragged_prefill.plan(
+                meta.qo_indptr_host, meta.qo_indptr_host, h, kv, d, causal=True, **self._dtypes()
+            )
+            self._set_active(self._ragged_prefill, ragged=True)
+        else:
+            self._paged_prefill.plan(
+                meta.qo_indptr_host, meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host,
+                h, kv, d, self.page_size, causal=True, **self._dtypes(),
+            )
+            self._set_active(self._paged_prefill, ragged=False)
+
+    def _set_active(self, wrapper: Any, ragged: bool) -> None:
+        self._active = wrapper
+        self._active_ragged = ragged
+
+    # -- CUDA-graph decode ------------------------------------------------------------------------
+
+    def enable_graph_decode(self, batch_sizes: list[int], max_pages_per_seq: int) -> None:
+        """Build one fixed-batch decode wrapper per bucket over shared static buffers."""
+        bufs = GraphDecodeBuffers(max(batch_sizes), max_pages_per_seq, self.device)
+        self.graph_buffers = bufs
+        self._graph_decode = {
+            b: self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                KV_LAYOUT,
+                use_cuda_graph=True,
+                use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=bufs.kv_indptr[: b + 1],
+                paged_kv_indices_buffer=bufs.kv_indices,
+                paged_kv_last_page_len_buffer=bufs.kv_last_page_len[:b],
+            )
+            for b in batch_sizes
+        }
+
+    def plan_graph_decode(
+        self, kv_indptr_host: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len_host: torch.Tensor
+    ) -> None:
+        """Plan the bucket wrapper of len(kv_last_page_len_host) sequences (padding rows included);
+        must run outside graph capture, on the stream that replays. Copies the page table into the
+        static buffers the captured kernels read."""
+        batch = kv_last_page_len_host.numel()
+        wrapper = self._graph_decode.get(batch)
+        if wrapper is None:
+            raise ValueError(f"no CUDA-graph decode wrapper for batch {batch}; buckets: {sorted(self._graph_decode)}")
+        wrapper.plan(
+            kv_indptr_host, kv_indices, kv_last_page_len_host,
+            self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **self._dtypes(),
+        )
+        self._set_active(wrapper, ragged=False)
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer_idx: int,
+        scale: float,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self._active is None:
+            raise RuntimeError("FlashInferBackend.forward called before plan()")
+        if not math.isclose(scale, self.scale, rel_tol=1e-6):
+            # The softmax scale is fixed at plan time (it is baked into CUDA graphs too).
+            raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
+        if self._active_ragged:
+            if k is None or v is None:
+                raise ValueError("ragged prefill needs this step's k and v (forward(..., k=, v=))")
+            return self._active.run(q, k, v)
+        return self._active.run(q, kv_cache)
