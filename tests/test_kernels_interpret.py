@@ -1,0 +1,108 @@
+"""The Triton kernels on CPU under TRITON_INTERPRET=1, through the same checks as tests/gpu/test_kernels.py
+(on fewer shapes: the interpreter runs each program in Python). Skipped without triton (CI) and on CUDA
+machines, where tests/gpu runs the compiled kernels instead."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/gpu/test_kernels.py covers the compiled kernels", allow_module_level=True)
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+# triton.jit picks the interpreter at decoration time, for triton's own library functions too: the variable
+# must be set before triton is first imported. If another test already imported it, rerun in a subprocess.
+_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
+in_process = pytest.mark.skipif(not _IN_PROCESS, reason="triton already imported; run by test_in_subprocess")
+if _IN_PROCESS:
+    # Left set for the rest of the process: triton reads it again at run time (lazy imports).
+    os.environ["TRITON_INTERPRET"] = "1"
+
+def _load_checks() -> ModuleType:
+    path = Path(__file__).parent / "gpu" / "test_kernels.py"
+    spec = importlib.util.spec_from_file_location("xrt_kernel_checks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _load_checks()
+DTYPES = checks.DTYPES
+CPU = torch.device("cpu")
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1024), (3, 1000), (2, 64)], ids=str)
+def test_rms_norm(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    checks.check_rms_norm(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1024), (3, 1000)], ids=str)
+def test_fused_add_rms_norm(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    checks.check_fused_add_rms_norm(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 3072), (3, 100)], ids=str)
+def test_silu_and_mul(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    checks.check_silu_and_mul(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 16, 8, 128), (3, 4, 2, 16), (2, 3, 3, 6)], ids=str)
+def test_qk_norm_rope(dtype: torch.dtype, shape: tuple[int, int, int, int]) -> None:
+    checks.check_qk_norm_rope(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 16, 8, 128, 16), (9, 4, 2, 16, 4), (5, 3, 3, 6, 1)], ids=str)
+def test_qk_norm_rope_store_kv(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    checks.check_qk_norm_rope_store_kv(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 8, 128, 16), (19, 2, 16, 4), (5, 3, 6, 1)], ids=str)
+def test_store_kv(dtype: torch.dtype, shape: tuple[int, int, int, int]) -> None:
+    checks.check_store_kv(CPU, dtype, *shape)
+
+
+@in_process
+def test_empty_batch_is_a_no_op() -> None:
+    checks.test_empty_batch_is_a_no_op(CPU)
+
+
+@in_process
+def test_warmup_runs_every_kernel() -> None:
+    from xrt.kernels.warmup import warmup_kernels
+
+    warmup_kernels(64, 96, 4, 2, 16, 4, torch.bfloat16, CPU)
+
+
+@pytest.mark.skipif(_IN_PROCESS, reason="runs in process")
+def test_in_subprocess() -> None:
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_importing_cuda_impls_does_not_import_triton() -> None:
+    code = "import sys, xrt.ops.cuda_impls; assert 'triton' not in sys.modules, 'triton imported'"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
