@@ -1,0 +1,138 @@
+"""The eager executor: step metadata, device/dtype resolution, runner construction (checkpoint,
+dummy weights, KV sizing and binding) and execute()'s output contract."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import attrs
+import pytest
+import torch
+
+from xrt.config import CacheArgs, Device, DType, ExecutorArgs, ExecutorKind, LoadFormat, XrtConfig
+from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.factory import build_runner
+from xrt.executor.prepare import build_metadata
+from xrt.executor.runner import ModelRunner
+from xrt.executor.step import SeqChunk, StepInput
+from xrt.models.loader import CheckpointError
+from xrt.models.tiny import tiny_model_args
+
+
+def test_build_metadata_ragged_batch() -> None:
+    step = StepInput(
+        True,
+        [
+            SeqChunk([11, 12, 13, 14, 15], 0, [7, 2]),
+            SeqChunk([21, 22, 23], 6, [4, 9, 1], needs_logits=False),
+            SeqChunk([31], 4, [3, 5, 8]),
+        ],
+    )
+    ids, m = build_metadata(step, 4, "cpu")
+    assert ids.tolist() == [11, 12, 13, 14, 15, 21, 22, 23, 31]
+    assert m.positions.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 4]
+    assert m.slot_mapping.tolist() == [28, 29, 30, 31, 8, 38, 39, 4, 20]
+    assert m.qo_indptr.tolist() == [0, 5, 8, 9]
+    assert m.kv_indptr.tolist() == [0, 2, 5, 7]
+    assert m.kv_indices.tolist() == [7, 2, 4, 9, 1, 3, 5]
+    assert m.kv_last_page_len.tolist() == [1, 1, 1]
+    assert m.seq_lens.tolist() == [5, 9, 5]
+    assert m.logits_indices.tolist() == [4, 8]
+    assert m.has_prefix and m.is_prefill and m.num_seqs == 3 and m.num_tokens == 9 and m.page_size == 4
+    for dev, host in [(m.qo_indptr, m.qo_indptr_host), (m.kv_indptr, m.kv_indptr_host),
+                      (m.kv_indices, m.kv_indices_host), (m.kv_last_page_len, m.kv_last_page_len_host),
+                      (m.seq_lens, m.seq_lens_host)]:
+        assert host.device.type == "cpu" and host.dtype == dev.dtype == torch.int32
+        assert torch.equal(host, dev.cpu())
+    assert ids.dtype == m.positions.dtype == m.slot_mapping.dtype == m.logits_indices.dtype == torch.int64
+
+
+def test_build_metadata_decode_without_prefix_flag() -> None:
+    _, m = build_metadata(StepInput(True, [SeqChunk([1, 2, 3], 0, [0])]), 4, "cpu")
+    assert not m.has_prefix and m.kv_last_page_len.tolist() == [3]
+    _, m = build_metadata(StepInput(False, [SeqChunk([5], 3, [6]), SeqChunk([6], 8, [1, 2, 3])]), 4, "cpu")
+    assert m.has_prefix and not m.is_prefill
+    assert m.slot_mapping.tolist() == [27, 12] and m.kv_last_page_len.tolist() == [4, 1]
+
+
+def test_build_metadata_rejects_bad_chunks() -> None:
+    with pytest.raises(ValueError, match=r"step\.seqs\[1\]: page_table has 1 pages, 5 tokens need 2"):
+        build_metadata(StepInput(True, [SeqChunk([1], 0, [0]), SeqChunk([1, 2], 3, [4])]), 4, "cpu")
+    with pytest.raises(ValueError, match=r"step\.seqs\[0\]: a decode chunk carries exactly one token, got 2"):
+        build_metadata(StepInput(False, [SeqChunk([1, 2], 0, [0])]), 4, "cpu")
+
+
+def test_device_and_dtype_resolution() -> None:
+    cpu = XrtConfig(device=Device.CPU)
+    assert resolve_device(cpu).type == "cpu"
+    assert resolve_dtype(cpu, torch.device("cpu")) == torch.float32
+    assert resolve_dtype(cpu, torch.device("cuda")) == torch.bfloat16
+    cpu.model.dtype = DType.FLOAT16
+    assert resolve_dtype(cpu, torch.device("cpu")) == torch.float16
+    auto = XrtConfig()
+    assert resolve_device(auto).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="device: cuda requested"):
+        resolve_device(XrtConfig(device=Device.CUDA))
+    cfg = XrtConfig(executor=ExecutorArgs(kind=ExecutorKind.CUDAGRAPH))
+    with pytest.raises(ValueError, match="executor.kind: cudagraph needs a CUDA device"):
+        build_runner(cfg)
+
+
+def dummy_config(**cache: object) -> XrtConfig:
+    model = attrs.evolve(tiny_model_args(), load_format=LoadFormat.DUMMY)
+    return XrtConfig(model=model, device=Device.CPU, cache=CacheArgs(page_size=4, **cache), seed=3)
+
+
+def test_runner_with_checkpoint(tiny_cfg: Callable[..., XrtConfig]) -> None:
+    runner = build_runner(tiny_cfg(cache=CacheArgs(page_size=4, num_pages=32)))
+    assert isinstance(runner, ModelRunner)
+    assert runner.checkpoint_dir is not None
+    assert (runner.device.type, runner.dtype, runner.num_pages, runner.page_size, runner.max_model_len) == (
+        "cpu", torch.float32, 32, 4, 1024)
+    assert runner.kv_cache.shape == (3, 32, 2, 4, 2, 16)
+    for i, layer in enumerate(runner.attention_layers):
+        assert layer.kv_cache.data_ptr() == runner.kv_cache[i].data_ptr()
+
+    out = runner.execute(StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2], 0, [5])]))
+    assert out.dtype == torch.float32 and out.shape == (2, 2048) and torch.isfinite(out).all()
+    written = runner.kv_cache.abs().sum(dim=(0, 2, 4, 5)) != 0  # [page, offset]
+    expected = torch.zeros(32, 4, dtype=torch.bool)
+    expected[9, :] = expected[3, :2] = expected[5, :2] = True
+    assert torch.equal(written, expected)
+
+    none = runner.execute(StepInput(True, [SeqChunk([3], 0, [0], needs_logits=False)]))
+    assert none.shape == (0, 2048) and none.dtype == torch.float32
+
+
+def test_runner_config_must_match_checkpoint(tiny_checkpoint: str) -> None:
+    model = attrs.evolve(tiny_model_args(), hidden_size=128, path=tiny_checkpoint)
+    with pytest.raises(CheckpointError, match=r"^model\.hidden_size: 128 does not match 64 in .*config\.json$"):
+        ModelRunner(XrtConfig(model=model, device=Device.CPU, cache=CacheArgs(num_pages=4)))
+
+
+def test_dummy_runner_is_seeded_and_sizes_kv_from_gb() -> None:
+    a, b = ModelRunner(dummy_config(kv_size_gb=0.001)), ModelRunner(dummy_config(kv_size_gb=0.001))
+    assert a.checkpoint_dir is None
+    bytes_per_page = 3 * 2 * 4 * 2 * 16 * 4  # layers, K/V, page, kv heads, head dim, fp32
+    assert a.bytes_per_page == bytes_per_page and a.num_pages == math.floor(1e6 / bytes_per_page)
+    step = StepInput(True, [SeqChunk([4, 5, 6], 0, [2])])
+    assert torch.equal(a.execute(step), b.execute(step))
+
+
+def test_kv_size_too_small_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="cache.kv_size_gb"):
+        ModelRunner(dummy_config(kv_size_gb=1e-9))
+
+
+def test_bfloat16_runner_returns_float32_logits() -> None:
+    cfg = dummy_config(num_pages=8)
+    cfg.model.dtype = DType.BFLOAT16
+    runner = ModelRunner(cfg)
+    assert runner.dtype == torch.bfloat16 and runner.kv_cache.dtype == torch.bfloat16
+    out = runner.execute(StepInput(True, [SeqChunk([4, 5, 6], 0, [2])]))
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()

@@ -1,0 +1,81 @@
+"""Turn a StepInput (plain Python) into the token tensor and the attention metadata of one step."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from xrt.attention.metadata import AttentionMetadata
+from xrt.executor.step import StepInput
+
+
+def build_metadata(
+    step: StepInput, page_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """(input_ids [T] int64 on device, metadata). Raises ValueError naming the chunk when a
+    page table is too short for its tokens or a decode chunk does not carry exactly one token."""
+    num_seqs = len(step.seqs)
+    qo_indptr = np.zeros(num_seqs + 1, dtype=np.int32)
+    kv_indptr = np.zeros(num_seqs + 1, dtype=np.int32)
+    last_page_len = np.zeros(num_seqs, dtype=np.int32)
+    seq_lens = np.zeros(num_seqs, dtype=np.int32)
+    token_ids: list[int] = []
+    positions: list[np.ndarray] = []
+    slots: list[np.ndarray] = []
+    kv_indices: list[int] = []
+    logits_indices: list[int] = []
+    for i, chunk in enumerate(step.seqs):
+        n = len(chunk.token_ids)
+        if not step.is_prefill and n != 1:
+            raise ValueError(f"step.seqs[{i}]: a decode chunk carries exactly one token, got {n}")
+        if chunk.needs_logits and n == 0:
+            raise ValueError(f"step.seqs[{i}]: needs_logits with no tokens")
+        seq_len = chunk.start_pos + n
+        num_pages = -(-seq_len // page_size)
+        if len(chunk.page_table) < num_pages:
+            raise ValueError(
+                f"step.seqs[{i}]: page_table has {len(chunk.page_table)} pages, {seq_len} tokens need {num_pages}"
+            )
+        pages = np.asarray(chunk.page_table[:num_pages], dtype=np.int64)
+        pos = np.arange(chunk.start_pos, seq_len, dtype=np.int64)
+        token_ids.extend(chunk.token_ids)
+        positions.append(pos)
+        slots.append(pages[pos // page_size] * page_size + pos % page_size)
+        kv_indices.extend(chunk.page_table[:num_pages])
+        qo_indptr[i + 1] = qo_indptr[i] + n
+        kv_indptr[i + 1] = kv_indptr[i] + num_pages
+        last_page_len[i] = seq_len - (num_pages - 1) * page_size if num_pages else 0
+        seq_lens[i] = seq_len
+        if chunk.needs_logits:
+            logits_indices.append(int(qo_indptr[i + 1]) - 1)
+
+    def host(a: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(a), dtype=dtype)
+
+    def empty_or_cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    qo_h, kv_h = host(qo_indptr, torch.int32), host(kv_indptr, torch.int32)
+    idx_h, last_h = host(kv_indices, torch.int32), host(last_page_len, torch.int32)
+    lens_h = host(seq_lens, torch.int32)
+    meta = AttentionMetadata(
+        is_prefill=step.is_prefill,
+        num_seqs=num_seqs,
+        num_tokens=len(token_ids),
+        positions=host(empty_or_cat(positions), torch.int64).to(device),
+        slot_mapping=host(empty_or_cat(slots), torch.int64).to(device),
+        qo_indptr=qo_h.to(device),
+        kv_indptr=kv_h.to(device),
+        kv_indices=idx_h.to(device),
+        kv_last_page_len=last_h.to(device),
+        seq_lens=lens_h.to(device),
+        qo_indptr_host=qo_h,
+        kv_indptr_host=kv_h,
+        kv_indices_host=idx_h,
+        kv_last_page_len_host=last_h,
+        seq_lens_host=lens_h,
+        logits_indices=host(logits_indices, torch.int64).to(device),
+        has_prefix=any(chunk.start_pos > 0 for chunk in step.seqs),
+        page_size=page_size,
+    )
+    return host(token_ids, torch.int64).to(device), meta
