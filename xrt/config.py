@@ -68,28 +68,29 @@ Problems = list[tuple[str, str]]
 
 @attrs.define
 class ModelArgs:
+    # Defaults are the qwen3-tiny shape, so a bare ModelArgs() names and describes the same model.
     name: str = field("qwen3-tiny", help="model name; qwen3-tiny is made on first use when no path is given")
     path: str = field("", help="HF checkpoint directory (config.json, *.safetensors, tokenizer.json)")
     load_format: LoadFormat = field(
         LoadFormat.AUTO, help="auto: safetensors when a checkpoint exists; dummy: random weights, no files"
     )
     dtype: DType = field(DType.AUTO, help="weight/activation dtype; auto: bfloat16 on CUDA, float32 on CPU")
-    vocab_size: int = field(151936, help="vocabulary size", hf="vocab_size", validator=gt(0))
-    hidden_size: int = field(1024, help="model width", hf="hidden_size", validator=gt(0))
-    intermediate_size: int = field(3072, help="MLP width", hf="intermediate_size", validator=gt(0))
-    num_hidden_layers: int = field(28, help="decoder layers", hf="num_hidden_layers", validator=gt(0))
-    num_attention_heads: int = field(16, help="query heads", hf="num_attention_heads", validator=gt(0))
-    num_key_value_heads: int = field(8, help="key/value heads (GQA)", hf="num_key_value_heads", validator=gt(0))
-    head_dim: int = field(128, help="per-head dimension", hf="head_dim", validator=gt(0))
+    vocab_size: int = field(2048, help="vocabulary size", hf="vocab_size", validator=gt(0))
+    hidden_size: int = field(64, help="model width", hf="hidden_size", validator=gt(0))
+    intermediate_size: int = field(128, help="MLP width", hf="intermediate_size", validator=gt(0))
+    num_hidden_layers: int = field(3, help="decoder layers", hf="num_hidden_layers", validator=gt(0))
+    num_attention_heads: int = field(4, help="query heads", hf="num_attention_heads", validator=gt(0))
+    num_key_value_heads: int = field(2, help="key/value heads (GQA)", hf="num_key_value_heads", validator=gt(0))
+    head_dim: int = field(16, help="per-head dimension", hf="head_dim", validator=gt(0))
     rope_theta: float = field(
-        1000000.0, help="RoPE base", hf=("rope_theta", "rope_parameters.rope_theta"), validator=gt(0)
+        10000.0, help="RoPE base", hf=("rope_theta", "rope_parameters.rope_theta"), validator=gt(0)
     )
     rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", validator=gt(0))
     max_position_embeddings: int = field(
-        40960, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)
+        2048, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)
     )
     tie_word_embeddings: bool = field(True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings")
-    max_model_len: int = field(4096, help="longest sequence (prompt + output) served", unit="tokens", validator=gt(0))
+    max_model_len: int = field(1024, help="longest sequence (prompt + output) served", unit="tokens", validator=gt(0))
 
     def check(self) -> Problems:
         out: Problems = []
