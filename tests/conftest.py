@@ -1,0 +1,153 @@
+"""Shared fixtures: the tiny checkpoint in a session-scoped cache directory, a tiny-model config,
+and a fake model runner that checks the engine's paging through a simulated KV cache."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from xrt.config import CacheArgs, Device, ModelArgs, SchedulerArgs, XrtConfig
+from xrt.executor.step import StepInput
+
+TINY_SHAPE: dict[str, Any] = dict(
+    name="qwen3-tiny",
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+    max_model_len=1024,
+)
+
+
+@pytest.fixture(scope="session")
+def xrt_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh XRT_CACHE_DIR for the whole session (the tiny checkpoint is made there once)."""
+    path = str(tmp_path_factory.mktemp("xrt_cache"))
+    old = os.environ.get("XRT_CACHE_DIR")
+    os.environ["XRT_CACHE_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("XRT_CACHE_DIR", None)
+    else:
+        os.environ["XRT_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(xrt_cache_dir: str) -> str:
+    """Directory of the tiny Qwen3 checkpoint (config.json, model.safetensors, tokenizer.json, ...)."""
+    checkpoint = pytest.importorskip("xrt.models.checkpoint")
+    path = checkpoint.resolve_checkpoint(ModelArgs(**TINY_SHAPE))
+    assert path is not None
+    return path
+
+
+def tiny_config(checkpoint_dir: str = "", **sections: Any) -> XrtConfig:
+    """An XrtConfig for the tiny model on CPU in float32. `sections` replace whole config sections
+    (cache=CacheArgs(...), scheduler=SchedulerArgs(...)) or set root fields."""
+    from xrt.config import DType
+
+    model = ModelArgs(**TINY_SHAPE, path=checkpoint_dir, dtype=DType.FLOAT32)
+    return XrtConfig(model=model, device=Device.CPU, **sections)
+
+
+@pytest.fixture
+def tiny_cfg(tiny_checkpoint: str) -> Callable[..., XrtConfig]:
+    """tiny_cfg(cache=CacheArgs(num_pages=8), ...) -> XrtConfig pointing at the tiny checkpoint."""
+
+    def make(**sections: Any) -> XrtConfig:
+        return tiny_config(tiny_checkpoint, **sections)
+
+    return make
+
+
+class FakeRunner:
+    """Stands in for ModelRunner. It writes (token, position) into a simulated paged KV cache, reads
+    each sequence's whole context back through its page table, and returns logits that are a
+    deterministic function of that context. Wrong paging (a stale prefix page, a page shared while
+    being written) changes the context read back, hence the tokens; a slot holding the wrong
+    position fails at once."""
+
+    def __init__(self, num_pages: int = 64, page_size: int = 4, max_model_len: int = 256, vocab_size: int = 97):
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.checkpoint_dir: str | None = None
+        self.kv: list[tuple[int, int] | None] = [None] * (num_pages * page_size)
+        self.steps: list[StepInput] = []
+
+    @staticmethod
+    def context_logits(context: list[int], vocab_size: int) -> torch.Tensor:
+        digest = hashlib.blake2b(array("q", context).tobytes(), digest_size=8).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**63)
+        return torch.randn(vocab_size, generator=g) * 3.0
+
+    def reference_greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
+        ids = list(prompt)
+        for _ in range(max_tokens):
+            ids.append(int(self.context_logits(ids, self.vocab_size).argmax()))
+        return ids[len(prompt) :]
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        self.steps.append(step)
+        ps = self.page_size
+        rows = []
+        for chunk in step.seqs:
+            assert step.is_prefill or len(chunk.token_ids) == 1
+            end = chunk.start_pos + len(chunk.token_ids)
+            assert len(chunk.page_table) * ps >= end, "page table too short"
+            for i, tok in enumerate(chunk.token_ids):
+                pos = chunk.start_pos + i
+                self.kv[chunk.page_table[pos // ps] * ps + pos % ps] = (tok, pos)
+            if not chunk.needs_logits:
+                continue
+            context = []
+            for pos in range(end):
+                entry = self.kv[chunk.page_table[pos // ps] * ps + pos % ps]
+                assert entry is not None and entry[1] == pos, f"slot for position {pos} holds {entry}"
+                context.append(entry[0])
+            rows.append(self.context_logits(context, self.vocab_size))
+        if not rows:
+            return torch.empty(0, self.vocab_size)
+        return torch.stack(rows)
+
+
+@pytest.fixture
+def fake_runner() -> Callable[..., FakeRunner]:
+    return FakeRunner
+
+
+def fake_config(
+    *, page_size: int = 4, num_pages: int = 64, max_batched_tokens: int = 64, chunked_prefill: bool = True,
+    prefix_caching: bool = True, max_num_seqs: int = 256, **root: Any,
+) -> XrtConfig:
+    return XrtConfig(
+        model=ModelArgs(vocab_size=97, max_model_len=256),
+        cache=CacheArgs(page_size=page_size, num_pages=num_pages, prefix_caching=prefix_caching),
+        scheduler=SchedulerArgs(
+            max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, chunked_prefill=chunked_prefill
+        ),
+        device=Device.CPU,
+        **root,
+    )
+
+
+@pytest.fixture
+def fake_cfg() -> Callable[..., XrtConfig]:
+    """fake_cfg(page_size=4, num_pages=64, max_batched_tokens=64, ...) -> XrtConfig for a FakeRunner."""
+    return fake_config

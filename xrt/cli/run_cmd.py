@@ -1,0 +1,127 @@
+"""`python -m xrt run`: generate from `prompt` or every line of `prompts_file`, print each
+generation, optionally write them as JSONL to `output`, and end with a startup/throughput summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from xrt.config import XrtConfig
+from xrt.engine.outputs import RequestOutput
+
+Prompt = str | list[int]
+
+
+class RunInputError(ValueError):
+    pass
+
+
+def main(cfg: XrtConfig) -> int:
+    """0 when every request completed; 1 when some failed (each gets an error line); 2 when nothing ran."""
+    try:
+        prompts = read_prompts(cfg)
+        from xrt.engine.llm import LLM
+
+        llm = LLM(cfg)
+        if cfg.chat:
+            prompts = [llm.apply_chat_template([{"role": "user", "content": _as_text(p)}]) for p in prompts]
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, add_special_tokens=not cfg.chat)
+        elapsed = time.perf_counter() - start
+        if cfg.output:
+            write_outputs(cfg.output, outputs)
+    except (ValueError, OSError) as e:
+        if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for out in outputs:
+        print_output(out)
+    print(summary(llm.startup_s, outputs, elapsed), flush=True)
+    failed = [o for o in outputs if o.finish_reason == "error"]
+    for o in failed:
+        print(f"error: {o.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _as_text(prompt: Prompt) -> str:
+    if not isinstance(prompt, str):
+        raise RunInputError("chat: needs text prompts, got token ids")
+    return prompt
+
+
+def read_prompts(cfg: XrtConfig) -> list[Prompt]:
+    if not cfg.prompts_file:
+        return [cfg.prompt]
+    path = cfg.prompts_file
+    if not os.path.isfile(path):
+        raise RunInputError(f"prompts_file: no such file {path!r}")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
+    as_jsonl = path.endswith((".jsonl", ".json")) or first.lstrip().startswith("{")
+    prompts: list[Prompt] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        prompts.append(_jsonl_prompt(path, number, line) if as_jsonl else line)
+    if not prompts:
+        raise RunInputError(f"prompts_file: {path!r} holds no prompts")
+    return prompts
+
+
+def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
+    where = f"prompts_file: {path} line {number}"
+    try:
+        record: Any = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RunInputError(f"{where}: not valid JSON ({e.msg})") from None
+    if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        return record["prompt"]
+    ids = record.get("prompt_token_ids") if isinstance(record, dict) else None
+    if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return ids
+    raise RunInputError(f'{where}: expected {{"prompt": "<text>"}} or {{"prompt_token_ids": [ints]}}, got {line[:80]}')
+
+
+def write_outputs(path: str, outputs: list[RequestOutput]) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for o in outputs:
+            record = {
+                "request_id": o.request_id,
+                "prompt": o.prompt,
+                "prompt_token_ids": o.prompt_token_ids,
+                "text": o.text,
+                "token_ids": o.token_ids,
+                "finish_reason": o.finish_reason,
+                "error": o.error,
+                "ttft_s": o.ttft_s,
+                "token_times_s": o.token_times_s,
+            }
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def print_output(out: RequestOutput) -> None:
+    prompt = out.prompt if out.prompt is not None else out.prompt_token_ids
+    print(f"[{out.request_id}] {prompt!r} -> ", end="")
+    if out.finish_reason == "error":
+        print(f"(error: {out.error})")
+    else:
+        print(f"{out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
+
+
+def summary(startup_s: float, outputs: list[RequestOutput], elapsed_s: float) -> str:
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs if o.finish_reason != "error")
+    generated = sum(len(o.token_ids) for o in outputs)
+    ttfts = [o.ttft_s for o in outputs if o.ttft_s is not None]
+    ttft = f", TTFT p50 {statistics.median(ttfts) * 1e3:.1f} ms" if ttfts else ""
+    return (
+        f"startup {startup_s:.2f} s | {len(outputs)} requests, {prompt_tokens} prompt tokens, "
+        f"{generated} generated in {elapsed_s:.2f} s: {generated / max(elapsed_s, 1e-9):.1f} tokens/s{ttft}"
+    )

@@ -1,0 +1,176 @@
+"""Continuous batching. Each step is either a prefill step (chunks of admitted prompts under the
+token budget) or a decode step (one token for every running sequence). Prompts get all their
+pages on admission, so a partly prefilled sequence always finishes its prefill; when a decode step
+runs out of pages the newest running sequence is freed and requeued to be recomputed."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from xrt.config import SchedulerArgs
+from xrt.engine.block_manager import BlockManager
+from xrt.engine.sequence import SeqStatus, Sequence
+from xrt.executor.step import SeqChunk, StepInput
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    step: StepInput
+    seqs: list[Sequence]  # aligned with step.seqs
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        """Sequences that get a token this step, in the order of the executor's logits rows."""
+        return [s for s, c in zip(self.seqs, self.step.seqs, strict=True) if c.needs_logits]
+
+
+class Scheduler:
+    def __init__(self, args: SchedulerArgs, block_manager: BlockManager, max_model_len: int) -> None:
+        self.args = args
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.newly_finished: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def admission_error(self, num_prompt_tokens: int) -> str | None:
+        """Why a prompt of this length can never run, or None."""
+        n = num_prompt_tokens
+        bm = self.block_manager
+        capacity = bm.num_pages * bm.page_size
+        if n == 0:
+            return "prompt is empty"
+        if n + 1 > self.max_model_len:
+            return (
+                f"prompt has {n} tokens; model.max_model_len={self.max_model_len} leaves no room to generate "
+                f"(at most {self.max_model_len - 1} prompt tokens)"
+            )
+        if n + 1 > capacity:
+            return (
+                f"prompt has {n} tokens but the KV cache holds {capacity} ({bm.num_pages} pages of {bm.page_size}); "
+                "raise cache.num_pages or cache.kv_size_gb"
+            )
+        if not self.args.chunked_prefill and n > self.args.max_batched_tokens:
+            return (
+                f"prompt has {n} tokens, more than scheduler.max_batched_tokens={self.args.max_batched_tokens} "
+                "allows with scheduler.chunked_prefill=false"
+            )
+        return None
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledStep | None:
+        scheduled = self._schedule_prefill() or self._schedule_decode()
+        if scheduled is None and self.waiting and not self.running:
+            # Admission checks make this unreachable; fail the request rather than spin forever.
+            seq = self.waiting[0]
+            self.finish(seq, "error", f"{seq.num_tokens} tokens do not fit the free KV cache")
+        return scheduled
+
+    def postprocess(self, scheduled: ScheduledStep) -> None:
+        """Records the KV the step computed; the caller then appends tokens to `sampled_seqs`."""
+        for seq, chunk in zip(scheduled.seqs, scheduled.step.seqs, strict=True):
+            seq.num_computed_tokens += len(chunk.token_ids)
+            if seq.in_prefill and seq.num_computed_tokens == seq.num_tokens:
+                seq.in_prefill = False
+            self.block_manager.commit(seq)
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.page_table:
+            self.block_manager.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.in_prefill = False
+        seq.finish_reason = reason
+        seq.error = error
+        self.newly_finished.append(seq)
+
+    def take_finished(self) -> list[Sequence]:
+        out, self.newly_finished = self.newly_finished, []
+        return out
+
+    def _chunk(self, seq: Sequence, num_tokens: int) -> SeqChunk:
+        start = seq.num_computed_tokens
+        end = start + num_tokens
+        return SeqChunk(
+            token_ids=seq.token_ids[start:end],
+            start_pos=start,
+            page_table=seq.page_table[: self.block_manager.pages_for(end)],
+            needs_logits=end == seq.num_tokens,
+        )
+
+    def _schedule_prefill(self) -> ScheduledStep | None:
+        bm = self.block_manager
+        budget = self.args.max_batched_tokens
+        seqs: list[Sequence] = []
+        chunks: list[SeqChunk] = []
+        for seq in self.running:
+            if not seq.in_prefill:
+                continue
+            if budget == 0:
+                break
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            seqs.append(seq)
+            chunks.append(self._chunk(seq, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
+            seq = self.waiting[0]
+            hits, _ = bm.match_prefix(seq.token_ids)
+            remaining = seq.num_tokens - len(hits) * bm.page_size
+            # Without chunking a prompt runs whole; only a preempted sequence that grew past the
+            # budget is split, as the one way it can ever run again.
+            if remaining > budget and not self.args.chunked_prefill and seqs:
+                break
+            if not bm.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            seq.status = SeqStatus.RUNNING
+            seq.in_prefill = True
+            self.running.append(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            seqs.append(seq)
+            chunks.append(self._chunk(seq, n))
+            budget -= n
+        if not seqs:
+            return None
+        return ScheduledStep(StepInput(is_prefill=True, seqs=chunks), seqs)
+
+    def _schedule_decode(self) -> ScheduledStep | None:
+        bm = self.block_manager
+        queue = deque(s for s in self.running if not s.in_prefill)
+        scheduled: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            while not bm.can_append(seq) and queue:
+                self._preempt(queue.pop())
+            if bm.can_append(seq):
+                bm.append(seq)
+                scheduled.append(seq)
+            elif any(s is not seq and s.page_table for s in self.running):
+                self._preempt(seq)
+            else:
+                self.finish(seq, "length")  # alone, it already fills the whole KV cache
+        if not scheduled:
+            return None
+        chunks = [self._chunk(seq, 1) for seq in scheduled]
+        return ScheduledStep(StepInput(is_prefill=False, seqs=chunks), scheduled)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SeqStatus.WAITING
+        seq.in_prefill = False
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
