@@ -10,7 +10,7 @@ import torch
 
 import xrt.ops  # noqa: F401  (registers the ops)
 from xrt.ops import reference
-from xrt.ops.attention import paged_attention, store_kv
+from xrt.ops.attention import paged_attention, qk_norm_rope_store_kv, store_kv
 from xrt.ops.collectives import all_gather, all_reduce_
 from xrt.ops.compute import fused_add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
 
@@ -92,6 +92,22 @@ def test_store_kv_writes_slots_and_skips_negative() -> None:
     assert cache[~written.unsqueeze(1).expand(pages, 2, page)].abs().sum() == 0
 
 
+def test_qk_norm_rope_store_kv_is_qk_norm_rope_then_store_kv() -> None:
+    h, kv, d, t = 4, 2, 8, 5
+    qkv = torch.randn(t, (h + 2 * kv) * d)
+    qw, kw, cs = torch.rand(d) + 0.5, torch.rand(d) + 0.5, cos_sin_cache(32, d)
+    positions, slots = torch.tensor([3, 4, 5, 0, 9]), torch.tensor([6, 7, -1, 0, 17])
+    cache = torch.zeros(5, 2, 4, kv, d)
+    want_qkv, want_cache = qkv.clone(), cache.clone()
+    assert qk_norm_rope_store_kv(qkv, qw, kw, cs, positions, cache, slots, h, kv, d, 1e-6) is None
+    qk_norm_rope(want_qkv, qw, kw, cs, positions, h, kv, d, 1e-6)
+    k, v = want_qkv[:, h * d :].view(t, 2, kv, d).unbind(1)
+    store_kv(k, v, want_cache, slots)
+    torch.testing.assert_close(qkv, want_qkv, rtol=0, atol=0)
+    torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    assert cache[1, 0, 2].abs().sum() > 0 and cache[2:4].abs().sum() == 0  # slot 6 written; pages 2-3 untouched
+
+
 def test_collectives_are_identity_at_one_rank() -> None:
     x = torch.randn(3, 5)
     x0 = x.clone()
@@ -171,6 +187,11 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
             torch.ops.xrt.qk_norm_rope.default,
             (torch.randn(t, (h + 2 * kv) * d), torch.rand(d), torch.rand(d), cos_sin_cache(16, d),
              torch.tensor([0, 5, 2]), h, kv, d, 1e-6),
+        ),
+        (
+            torch.ops.xrt.qk_norm_rope_store_kv.default,
+            (torch.randn(t, (h + 2 * kv) * d), torch.rand(d), torch.rand(d), cos_sin_cache(16, d),
+             torch.tensor([0, 5, 2]), torch.zeros(2, 2, 4, kv, d), torch.tensor([0, -1, 5]), h, kv, d, 1e-6),
         ),
         (
             torch.ops.xrt.store_kv.default,

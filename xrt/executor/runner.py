@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 
 import torch
 
@@ -41,9 +42,10 @@ class ModelRunner:
         self.attention_layers = sorted(
             (m for m in self.model.modules() if isinstance(m, PagedAttention)), key=lambda m: m.layer_idx
         )
+        # Before sizing: on CUDA the KV budget is measured by running a prefill, which needs the backend.
+        self.backend = self._make_backend()
         self.num_pages = self._num_pages()
         self.kv_cache = self._allocate_kv_cache()
-        self.backend = self._make_backend()
 
     def _build_model(self) -> Qwen3ForCausalLM:
         arch = DEFAULT_ARCHITECTURE
@@ -94,20 +96,22 @@ class ModelRunner:
     def _make_backend(self) -> AttentionBackend:
         if self.device.type != "cuda":
             return TorchRefBackend()
+        first = self.attention_layers[0]
         try:
             from xrt.attention.flashinfer import FlashInferBackend
-        except ImportError:
+
+            return FlashInferBackend(
+                first.num_heads,
+                first.num_kv_heads,
+                first.head_dim,
+                self.page_size,
+                self.dtype,
+                self.device,
+                self.cfg.executor.workspace_mb,
+            )
+        except ImportError as e:  # also FlashInferUnavailable: no flashinfer, or a dtype/head_dim it lacks
+            print(f"[xrt] attention: torch reference backend ({e})", file=sys.stderr, flush=True)
             return TorchRefBackend()
-        first = self.attention_layers[0]
-        return FlashInferBackend(
-            first.num_heads,
-            first.num_kv_heads,
-            first.head_dim,
-            self.page_size,
-            self.dtype,
-            self.device,
-            self.cfg.executor.workspace_mb,
-        )
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, AttentionMetadata]:
         return build_metadata(step, self.page_size, self.device)

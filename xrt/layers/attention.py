@@ -10,8 +10,7 @@ from xrt.attention.context import get_forward_context
 from xrt.layers.linear import QKVParallelLinear, RowParallelLinear
 from xrt.layers.norm import RMSNorm
 from xrt.layers.rotary import RotaryEmbedding
-from xrt.ops.attention import store_kv
-from xrt.ops.compute import qk_norm_rope
+from xrt.ops.attention import qk_norm_rope_store_kv, store_kv
 
 
 class PagedAttention(nn.Module):
@@ -29,14 +28,18 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
+        store_kv(k, v, self.kv_cache, get_forward_context().meta.slot_mapping)
+        return self.attend(q)
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """Attention over the cache, which already holds this step's K/V."""
         ctx = get_forward_context()
-        store_kv(k, v, self.kv_cache, ctx.meta.slot_mapping)
         return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale)
 
 
 class QKNormSelfAttention(nn.Module):
-    """qkv projection -> per-head RMSNorm of q and k + RoPE (one op, in place) -> paged attention
-    -> output projection (Qwen3 style)."""
+    """qkv projection -> per-head RMSNorm of q and k + RoPE + KV write (one op, in place) -> paged
+    attention -> output projection (Qwen3 style)."""
 
     def __init__(
         self,
@@ -65,8 +68,8 @@ class QKNormSelfAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)
-        qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, h, kv, d,
-                     self.eps)
-        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
-        out = self.attn(q.view(t, h, d), k.view(t, kv, d), v.view(t, kv, d))
+        slots = get_forward_context().meta.slot_mapping
+        qk_norm_rope_store_kv(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
+                              self.attn.kv_cache, slots, h, kv, d, self.eps)
+        out = self.attn.attend(qkv[:, : h * d].view(t, h, d))
         return self.o_proj(out.reshape(t, h * d))

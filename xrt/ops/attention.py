@@ -1,6 +1,6 @@
-"""Paged-KV ops as `xrt::` custom ops: the KV write and the reference paged attention. The
-default implementation (every device) is `xrt.ops.reference`; CUDA overrides come from
-`xrt.ops.cuda_impls`."""
+"""Paged-KV ops as `xrt::` custom ops: the KV write (alone, or fused after qk-norm + RoPE) and
+the reference paged attention. The default implementation (every device) is `xrt.ops.reference`;
+CUDA overrides come from `xrt.ops.cuda_impls`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,43 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
 
 @store_kv.register_fake
 def _(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    return None
+
+
+@torch.library.custom_op("xrt::qk_norm_rope_store_kv", mutates_args=("qkv", "kv_cache"))
+def qk_norm_rope_store_kv(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    reference.qk_norm_rope_store_kv(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
+        eps,
+    )
+
+
+@qk_norm_rope_store_kv.register_fake
+def _(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
     return None
 
 

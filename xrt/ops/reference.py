@@ -65,6 +65,26 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     kv_cache[pages, 1, offsets] = v[keep].to(kv_cache.dtype)
 
 
+def qk_norm_rope_store_kv(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    """qk_norm_rope, then store_kv of the rotated k heads and the v heads of qkv."""
+    qk_norm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)
+    t, q_end = qkv.shape[0], num_heads * head_dim
+    k, v = qkv[:, q_end:].view(t, 2, num_kv_heads, head_dim).unbind(1)
+    store_kv(k, v, kv_cache, slot_mapping)
+
+
 def paged_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
