@@ -53,14 +53,16 @@ def build_into(cls: type, mapping: Any, path: str, problems: list[Problem]) -> A
             problems.append((join_path(path, str(key)), _unknown(str(key), path, list(attributes))))
     types = field_types(cls)
     values: dict[str, Any] = {}
+    # Problems per field, so they come out in declaration order whichever pass found them.
+    per_field: dict[str, list[Problem]] = {name: [] for name in attributes}
     for name, a in attributes.items():
         fpath = join_path(path, name)
         if name in mapping:
-            values[name] = convert(mapping[name], types[name], fpath, problems)
+            values[name] = convert(mapping[name], types[name], fpath, per_field[name])
         else:
             default = default_of(a)
             if default is attrs.NOTHING:
-                problems.append((fpath, "required, not given"))
+                per_field[name].append((fpath, "required, not given"))
                 values[name] = INVALID
             else:
                 values[name] = default
@@ -77,7 +79,8 @@ def build_into(cls: type, mapping: Any, path: str, problems: list[Problem]) -> A
             try:
                 a.validator(inst, a, values[name])
             except Exception as e:  # any validator failure is a user problem, reported with its path
-                problems.append((join_path(path, name), _message(e)))
+                per_field[name].append((join_path(path, name), _message(e)))
+        problems.extend(per_field[name])
     if inst is None:
         return INVALID
     if len(problems) == start:
@@ -149,8 +152,10 @@ def _unknown(key: str, path: str, names: list[str]) -> str:
 
 
 def _kind(tp: Any) -> str:
-    from xrt.reflect.types import type_name
+    from xrt.reflect.types import is_enum, type_name
 
+    if is_enum(tp):
+        return f"one of {', '.join(str(m.value) for m in tp)}"
     name = type_name(tp)
     return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(name, name)
 

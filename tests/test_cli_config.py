@@ -1,0 +1,158 @@
+"""`python -m xrt ...` through the real CLI in a subprocess: exit codes, one clean line per problem."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def xrt(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("XRT_DEBUG", None) if not env or "XRT_DEBUG" not in env else None
+    return subprocess.run([sys.executable, "-m", "xrt", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+BAD = [
+    # (name, overrides, dotted field that must be named, text the message must contain)
+    ("unknown key", ["foo=1"], "foo", "unknown field"),
+    ("typo'd key", ["model.hiden_size=8"], "model.hiden_size", "did you mean model.hidden_size?"),
+    ("typo'd group", ["exector=cudagraph"], "exector", "did you mean executor?"),
+    ("wrong type", ["model.hidden_size=wide"], "model.hidden_size", "must be an integer, got 'wide'"),
+    ("wrong type bool", ["cache.prefix_caching=maybe"], "cache.prefix_caching", "must be true or false"),
+    ("wrong type list", ["bench.batch=[1,x]"], "bench.batch[1]", "must be an integer, got 'x'"),
+    ("bad enum", ["executor.kind=fast"], "executor.kind", "must be one of eager, cudagraph, got 'fast'"),
+    ("bad enum l2", ["cache.l2.backend=NFS"], "cache.l2.backend", "must be one of POSIX, GDS, GDS_MT, OBJ"),
+    ("bad group option", ["model=qwen5"], "model", "available: qwen3, qwen3-0.6b"),
+    ("out of range", ["cache.l1.size_gb=-1"], "cache.l1.size_gb", "must be >= 0, got -1"),
+    ("out of range util", ["cache.max_memory_utilization=1.5"], "cache.max_memory_utilization", "in (0.0, 1.0]"),
+    ("out of range port", ["parallel.master_port=70000"], "parallel.master_port", "in [1, 65535]"),
+    ("not power of two", ["cache.page_size=12"], "cache.page_size", "power of two, got 12"),
+    ("+new.key", ["+new.key=1"], "new.key", "unknown field"),
+    ("+model.new", ["+model.new_thing=1"], "model.new_thing", "unknown field"),
+    ("parse error", ["model.name=[oops"], "model.name", "cannot parse"),
+    ("sweep without -m", ["executor=eager,cudagraph"], "executor", "add -m"),
+    ("missing interpolation", ["model.name=${nope}"], "model.name", "nope"),
+    # every cross-field rule of xrt/config.py
+    ("kv heads divide heads", ["model.num_key_value_heads=3"], "model.num_key_value_heads",
+     "must divide num_attention_heads=4, got 3"),
+    ("max_model_len", ["model.max_model_len=4096"], "model.max_model_len",
+     "must be <= max_position_embeddings=2048, got 4096"),
+    ("buckets", ["executor.buckets=[1,256]"], "executor.buckets", "must all be <= max_batch=128, got 256"),
+    ("l2 path", ["cache.l2.enabled=true"], "cache.l2.path", "must be set when l2.enabled=true"),
+    ("chunk_tokens", ["cache.chunk_tokens=100"], "cache.chunk_tokens", "multiple of page_size=16, got 100"),
+    ("bench lens", ["bench.min_len=2000"], "bench.min_len", "must be <= max_len=1024, got 2000"),
+    ("tp divides heads", ["parallel.tp=3"], "parallel.tp", "must divide model.num_attention_heads=4, got 3"),
+    ("tp vs kv heads", ["model.num_attention_heads=12", "model.num_key_value_heads=4", "parallel.tp=6"],
+     "parallel.tp", "must divide model.num_key_value_heads=4 or be a multiple of it, got 6"),
+    ("batched tokens", ["scheduler.max_batched_tokens=8"], "scheduler.max_batched_tokens",
+     "must be >= cache.page_size=16"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Every BAD case run once, a few at a time (each is a fresh interpreter)."""
+
+    def one(case: tuple) -> tuple[subprocess.CompletedProcess[str], Path]:
+        cwd = tmp_path_factory.mktemp("cwd")
+        return xrt("config", "validate", *case[1], cwd=cwd), cwd
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip([b[0] for b in BAD], pool.map(one, BAD), strict=True))
+
+
+@pytest.mark.parametrize("name,overrides,path,text", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_exits_2_with_one_clean_line(name: str, overrides: list[str], path: str, text: str,
+                                               bad_runs: dict) -> None:
+    r, tmp_path = bad_runs[name]
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert any(line.startswith(f"error: {path}: ") and text in line for line in lines), r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_all_problems_in_one_run(tmp_path: Path) -> None:
+    r = xrt("config", "show", "mdoel.name=x", "executor.kind=fast", "cache.l1.size_gb=-1", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: mdoel.name: unknown field; did you mean model.name?",
+        "error: executor.kind: must be one of eager, cudagraph, got 'fast'",
+        "error: cache.l1.size_gb: must be >= 0, got -1",
+    ]
+
+
+def test_xrt_debug_shows_the_traceback(tmp_path: Path) -> None:
+    r = xrt("config", "validate", "cache.l1.size_gb=-1", cwd=tmp_path, env={"XRT_DEBUG": "1"})
+    assert r.returncode == 2 and "Traceback" in r.stderr and "cache.l1.size_gb" in r.stderr
+
+
+def test_show_prints_the_validated_yaml_and_creates_no_outputs(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    start = time.perf_counter()
+    r = xrt("config", "show", "model=qwen3", "executor=cudagraph", "parallel.tp=2", cwd=tmp_path)
+    elapsed = time.perf_counter() - start
+    print(f"python -m xrt config show: {elapsed:.2f} s")
+    assert r.returncode == 0, r.stderr
+    shown = yaml.safe_load(r.stdout)
+    assert shown["model"]["name"] == "qwen3" and shown["model"]["num_hidden_layers"] == 28
+    assert shown["executor"]["kind"] == "cudagraph" and shown["parallel"]["tp"] == 2
+    assert list(tmp_path.iterdir()) == []  # no outputs/, no .hydra/
+
+
+def test_show_json_validate_schema_fields(tmp_path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    shown = json.loads(xrt("config", "show", "--json", "cache=l1", cwd=tmp_path).stdout)
+    schema = json.loads(xrt("config", "schema", cwd=tmp_path).stdout)
+    jsonschema.validate(shown, schema)
+    assert shown["cache"]["l1"]["enabled"] is True
+    assert xrt("config", "validate", cwd=tmp_path).stdout == "ok\n"
+    fields = xrt("config", "fields", cwd=tmp_path).stdout
+    assert "cache.l2.backend" in fields and "POSIX|GDS|GDS_MT|OBJ" in fields and "model.rope_theta" in fields
+
+
+def test_multirun_composes_one_valid_config_per_job(tmp_path: Path) -> None:
+    r = xrt("config", "validate", "-m", "executor=eager,cudagraph", "model=qwen3-tiny,qwen3-8b", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "job 1/4: executor=eager model=qwen3-tiny: ok",
+        "job 2/4: executor=eager model=qwen3-8b: ok",
+        "job 3/4: executor=cudagraph model=qwen3-tiny: ok",
+        "job 4/4: executor=cudagraph model=qwen3-8b: ok",
+    ]
+    r = xrt("config", "validate", "-m", "parallel=tp2,tp8", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == "error: parallel.tp: must divide model.num_attention_heads=4, got 8 [job 2 of 2]"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None:
+    r = xrt("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for text in ("run", "bench", "serve", "config", "qwen3-8b", "l1_l2", "cache.l1.size_gb", "sampling.top_p",
+                 "key/value heads (GQA)"):
+        assert text in r.stdout
+
+
+@pytest.mark.parametrize("args,text", [
+    ((), "no command given"),
+    (("confg",), "did you mean config?"),
+    (("config",), "no action given"),
+    (("config", "shwo"), "did you mean show?"),
+    (("config", "show", "--bogus"), "unknown option '--bogus'"),
+    (("config", "schema", "seed=1"), "takes no overrides"),
+])
+def test_usage_errors_exit_2(args: tuple[str, ...], text: str, tmp_path: Path) -> None:
+    r = xrt(*args, cwd=tmp_path)
+    assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr

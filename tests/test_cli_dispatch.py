@@ -1,0 +1,125 @@
+"""Subcommand dispatch of `xrt.cli.main`, with stand-in run/bench/serve modules."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xrt.cli import main as cli
+from xrt.config import ExecutorKind, LoadFormat, XrtConfig
+
+
+def fake_command(monkeypatch: pytest.MonkeyPatch, name: str, rc: int = 0) -> list[tuple[Any, ...]]:
+    calls: list[tuple[Any, ...]] = []
+    module = types.ModuleType(f"xrt.cli.{name}_cmd")
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+
+    def main(cfg: XrtConfig, *args: int) -> int:
+        calls.append((cfg, *args))
+        return rc
+
+    module.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return calls
+
+
+def missing_command(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.delitem(sys.modules, f"xrt.cli.{name}_cmd", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == f"xrt.cli.{name}_cmd" else real(n, *a))
+
+
+@pytest.mark.parametrize("name", ["run", "bench", "serve"])
+def test_a_missing_subcommand_says_so_and_exits_2(name: str, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    missing_command(monkeypatch, name)
+    assert cli.main([name]) == 2
+    assert capsys.readouterr().err.strip() == f"xrt {name}: not available yet"
+
+
+def test_run_gets_the_composed_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls = fake_command(monkeypatch, "run")
+    assert cli.main(["run", "prompt='hi there'", "sampling.max_tokens=3", "device=cpu"]) == 0
+    (cfg,) = calls[0]
+    assert cfg.prompt == "hi there" and cfg.sampling.max_tokens == 3 and cfg.model.name == "qwen3-tiny"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_uses_bench_yaml_and_multirun_runs_one_job_per_combination(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = fake_command(monkeypatch, "bench")
+    assert cli.main(["bench", "-m", "bench.batch=1,8", "model.num_hidden_layers=2,4", "device=cpu"]) == 0
+    assert [(c[0].bench.batch, c[0].model.num_hidden_layers, c[1], c[2]) for c in calls] == [
+        ([1], 2, 0, 4), ([1], 4, 1, 4), ([8], 2, 2, 4), ([8], 4, 3, 4)]
+    assert all(c[0].model.load_format is LoadFormat.DUMMY and c[0].model.name == "qwen3" for c in calls)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "[job 1/4: bench.batch=1 model.num_hidden_layers=2 device=cpu]" and len(out) == 4
+
+
+def test_single_bench_run_is_job_0_of_1_and_its_status_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_command(monkeypatch, "bench", rc=3)
+    assert cli.main(["bench", "--config-name", "config", "device=cpu"]) == 3
+    assert calls[0][0].model.name == "qwen3-tiny" and calls[0][1:] == (0, 1)
+
+
+def test_config_errors_stop_a_sweep_before_any_job_runs(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    calls = fake_command(monkeypatch, "bench")
+    assert cli.main(["bench", "-m", "parallel.tp=1,3", "device=cpu"]) == 2
+    assert calls == []
+    assert "error: parallel.tp: must divide model.num_attention_heads=16, got 3 [job 2 of 2]" in capsys.readouterr().err
+
+
+def test_cudagraph_needs_cuda_when_running_not_when_composing(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    calls = fake_command(monkeypatch, "run")
+    assert cli.main(["config", "validate", "executor=cudagraph"]) == 0
+    assert cli.main(["run", "executor=cudagraph"]) == 2
+    assert calls == []
+    assert "error: executor.kind: cudagraph needs a CUDA device" in capsys.readouterr().err
+
+
+def test_l2_path_must_be_writable_when_running(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    calls = fake_command(monkeypatch, "run")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    import os
+
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as a user who can write anywhere")
+    assert cli.main(["run", "device=cpu", "cache=l1_l2", f"cache.l2.path={locked}/l2"]) == 2
+    assert calls == [] and "cache.l2.path: must be a writable directory" in capsys.readouterr().err
+
+
+def test_config_error_from_a_subcommand_is_clean(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from xrt.reflect import ConfigError
+
+    module = types.ModuleType("xrt.cli.run_cmd")
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+
+    def main(cfg: XrtConfig) -> int:
+        raise ConfigError([("prompts_file", "no such file: 'x.jsonl'")])
+
+    module.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert cli.main(["run", "device=cpu"]) == 2
+    assert capsys.readouterr().err.strip() == "error: prompts_file: no such file: 'x.jsonl'"
+
+
+def test_executor_kind_is_passed_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_command(monkeypatch, "serve")
+    assert cli.main(["serve", "executor=eager", "device=cpu"]) == 0
+    assert calls[0][0].executor.kind is ExecutorKind.EAGER and len(calls[0]) == 1
