@@ -137,11 +137,7 @@ def check_qk_norm_rope_store_kv(
         cache_dev, slots.to(device), *dims,
     )
     ref, ref_cache = qkv.clone(), cache.clone()
-    reference.qk_norm_rope(ref, q_w, k_w, cos_sin, positions, *dims)
-    q_end, k_end = heads * head_dim, (heads + kv_heads) * head_dim
-    k = ref[:, q_end:k_end].view(n_tokens, kv_heads, head_dim)
-    v = ref[:, k_end:].view(n_tokens, kv_heads, head_dim)
-    reference.store_kv(k, v, ref_cache, slots)
+    reference.qk_norm_rope_store_kv(ref, q_w, k_w, cos_sin, positions, ref_cache, slots, *dims)
     what = f"qk_norm_rope_store_kv {dtype} T={n_tokens} H={heads} KV={kv_heads} D={head_dim} page={page_size}"
     assert_close(qkv_dev, ref, dtype, what + " qkv")
     assert_close(cache_dev, ref_cache, dtype, what + " cache")
@@ -179,6 +175,28 @@ def check_store_kv(
     reference.store_kv(*split(qkv), ref_cache, slots)
     # A copy: exact, including the slots that must stay untouched.
     assert torch.equal(cache_dev.cpu(), ref_cache), f"store_kv {dtype} T={n_tokens} page={page_size}: cache differs"
+
+
+def check_layouts(device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    """Inputs that are not plain contiguous [T, N]: row-strided views, extra leading dims, transposes."""
+    gen = torch.Generator().manual_seed(4)
+    w = randn(gen, 64, dtype=dtype)
+    wide = randn(gen, 5, 100, dtype=dtype)
+    inputs = {"row view": wide[:, 10:74], "3d": randn(gen, 2, 3, 64, dtype=dtype),
+              "transposed": randn(gen, 64, 6, dtype=dtype).t()}
+    for what, x in inputs.items():
+        out = kernel("rms_norm", "rms_norm")(x.to(device), w.to(device), EPS)
+        assert_close(out, reference.rms_norm(x, w, EPS), dtype, f"rms_norm {what}")
+    gu = randn(gen, 2, 3, 96, dtype=dtype)
+    assert_close(kernel("silu_and_mul", "silu_and_mul")(gu.to(device)), reference.silu_and_mul(gu), dtype, "silu 3d")
+    # In place on row-strided views: only the viewed columns may change.
+    x_wide, r_wide = randn(gen, 5, 100, dtype=dtype), randn(gen, 5, 80, dtype=dtype)
+    x_dev, r_dev = x_wide.to(device, copy=True), r_wide.to(device, copy=True)
+    kernel("rms_norm", "fused_add_rms_norm")(x_dev[:, 10:74], r_dev[:, 16:], w.to(device), EPS)
+    reference.fused_add_rms_norm(x_wide[:, 10:74], r_wide[:, 16:], w, EPS)
+    assert_close(x_dev, x_wide, dtype, "fused_add_rms_norm x row view")
+    assert_close(r_dev, r_wide, dtype, "fused_add_rms_norm residual row view")
+    assert torch.equal(x_dev[:, :10].cpu(), x_wide[:, :10]) and torch.equal(r_dev[:, :16].cpu(), r_wide[:, :16])
 
 
 # 0.6B shapes: hidden 1024, heads 16, kv 8, head_dim 128, intermediate 3072.
@@ -225,6 +243,11 @@ def test_store_kv(device: torch.device, dtype: torch.dtype, shape: tuple[int, in
     check_store_kv(device, dtype, *shape)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layouts(device: torch.device, dtype: torch.dtype) -> None:
+    check_layouts(device, dtype)
+
+
 def test_empty_batch_is_a_no_op(device: torch.device) -> None:
     x = torch.empty(0, 64, device=device)
     assert kernel("rms_norm", "rms_norm")(x, torch.ones(64, device=device), EPS).shape == (0, 64)
@@ -241,7 +264,8 @@ def test_ops_dispatch_to_the_triton_kernels(device: torch.device, monkeypatch: p
 
     calls: list[str] = []
     for module, name in [("rms_norm", "rms_norm"), ("rms_norm", "fused_add_rms_norm"), ("silu_and_mul", "silu_and_mul"),
-                         ("qk_norm_rope", "qk_norm_rope"), ("store_kv", "store_kv")]:
+                         ("qk_norm_rope", "qk_norm_rope"), ("store_kv", "store_kv"),
+                         ("qk_norm_rope", "qk_norm_rope_store_kv")]:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"xrt::{name}", "CUDA"), f"xrt::{name} has no CUDA kernel"
         real = kernel(module, name)
 
@@ -275,7 +299,14 @@ def test_ops_dispatch_to_the_triton_kernels(device: torch.device, monkeypatch: p
     torch.ops.xrt.store_kv(k.to(device), v.to(device), cache_dev, slots.to(device))
     reference.store_kv(k, v, cache, slots)
     assert torch.equal(cache_dev.cpu(), cache), "op store_kv"
-    assert calls == ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "qk_norm_rope", "store_kv"]
+    qkv_dev, cache_dev = qkv.to(device, copy=True), cache.to(device, copy=True)
+    torch.ops.xrt.qk_norm_rope_store_kv(qkv_dev, q_w.to(device), k_w.to(device), cos_sin.to(device),
+                                        positions.to(device), cache_dev, slots.to(device), 16, 8, 128, EPS)
+    reference.qk_norm_rope_store_kv(qkv, q_w, k_w, cos_sin, positions, cache, slots, 16, 8, 128, EPS)
+    assert_close(qkv_dev, qkv, dtype, "op qk_norm_rope_store_kv qkv")
+    assert_close(cache_dev, cache, dtype, "op qk_norm_rope_store_kv cache")
+    assert calls == ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "qk_norm_rope", "store_kv",
+                     "qk_norm_rope_store_kv"]
 
 
 def test_kernels_replay_in_a_cuda_graph_after_warmup(device: torch.device) -> None:
@@ -322,10 +353,8 @@ def test_kernels_replay_in_a_cuda_graph_after_warmup(device: torch.device) -> No
         reference.fused_add_rms_norm(r["x2"], r["res"], r["w"], EPS)
         assert_close(static["x2"], r["x2"], dtype, "graph fused_add_rms_norm")
         assert_close(static["res"], r["res"], dtype, "graph fused_add_rms_norm residual")
-        reference.qk_norm_rope(r["qkv"], r["q_w"], r["k_w"], r["cos_sin"], r["pos"], heads, kv_heads, head_dim, EPS)
-        k_start, v_start = heads * head_dim, (heads + kv_heads) * head_dim
-        reference.store_kv(r["qkv"][:, k_start:v_start].view(n, kv_heads, head_dim),
-                           r["qkv"][:, v_start:].view(n, kv_heads, head_dim), r["cache"], r["slots"])
+        reference.qk_norm_rope_store_kv(r["qkv"], r["q_w"], r["k_w"], r["cos_sin"], r["pos"], r["cache"], r["slots"],
+                                        heads, kv_heads, head_dim, EPS)
         assert_close(static["qkv"], r["qkv"], dtype, "graph qk_norm_rope_store_kv qkv")
         assert_close(static["cache"], r["cache"], dtype, "graph qk_norm_rope_store_kv cache")
         assert_close(outs["act"], reference.silu_and_mul(r["gu"]), dtype, "graph silu_and_mul")

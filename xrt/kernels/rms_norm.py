@@ -65,17 +65,20 @@ def _check_rows(name: str, t: torch.Tensor, n_cols: int) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, N], weight [N] -> new [T, N] in x's dtype."""
+    """x [..., N], weight [N] -> new tensor of x's shape and dtype."""
     n_cols = weight.shape[0]
-    _check_rows("rms_norm x", x, n_cols)
-    out = torch.empty((x.shape[0], n_cols), dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0:
-        return out
-    block = block_size(n_cols)
-    _rms_norm_kernel[(x.shape[0],)](
-        x, out, weight, x.stride(0), out.stride(0), n_cols, eps, BLOCK=block, num_warps=num_warps_for(block)
-    )
-    return out
+    if x.dim() == 0 or x.shape[-1] != n_cols:
+        raise ValueError(f"rms_norm: x must end in the weight's size {n_cols}, got shape {tuple(x.shape)}")
+    rows = x.reshape(-1, n_cols)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if rows.shape[0] > 0:
+        block = block_size(n_cols)
+        _rms_norm_kernel[(rows.shape[0],)](
+            rows, out, weight, rows.stride(0), out.stride(0), n_cols, eps, BLOCK=block, num_warps=num_warps_for(block)
+        )
+    return out.view(x.shape)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:

@@ -34,15 +34,18 @@ def _silu_and_mul_kernel(
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [T, 2I] -> new [T, I] in x's dtype."""
-    if x.dim() != 2 or x.shape[1] % 2 != 0 or x.stride(1) != 1:
-        raise ValueError(f"silu_and_mul: expected a [tokens, 2 * intermediate] tensor with unit last stride, "
-                         f"got shape {tuple(x.shape)} strides {x.stride()}")
-    n_tokens, n_cols = x.shape[0], x.shape[1] // 2
-    out = torch.empty((n_tokens, n_cols), dtype=x.dtype, device=x.device)
-    if n_tokens == 0 or n_cols == 0:
-        return out
-    block = min(block_size(n_cols), _MAX_BLOCK)
-    grid = (n_tokens, triton.cdiv(n_cols, block))
-    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=num_warps_for(block))
-    return out
+    """x [..., 2I] -> new [..., I] in x's dtype."""
+    if x.dim() == 0 or x.shape[-1] % 2 != 0:
+        raise ValueError(f"silu_and_mul: last dimension must be 2 * intermediate (even), got {tuple(x.shape)}")
+    n_cols = x.shape[-1] // 2
+    rows = x.reshape(-1, 2 * n_cols)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], n_cols), dtype=x.dtype, device=x.device)
+    if rows.shape[0] > 0 and n_cols > 0:
+        block = min(block_size(n_cols), _MAX_BLOCK)
+        grid = (rows.shape[0], triton.cdiv(n_cols, block))
+        _silu_and_mul_kernel[grid](
+            rows, out, rows.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=num_warps_for(block)
+        )
+    return out.view(*x.shape[:-1], n_cols)
