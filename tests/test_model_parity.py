@@ -17,6 +17,7 @@ from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
 from xrt.models.loader import CheckpointError
 from xrt.models.qwen3 import Qwen3ForCausalLM
+from xrt.ops.parallel_state import set_tp
 from xrt.reflect import from_hf
 
 transformers = pytest.importorskip("transformers")
@@ -209,6 +210,40 @@ def test_tied_model_ignores_a_saved_lm_head(untied_tensors: tuple[ModelArgs, dic
                         "tie_word_embeddings": True})
     model = load(tied, tensors)
     torch.testing.assert_close(model.lm_head.weight, tensors["model.embed_tokens.weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_load_weights_slices_for_the_tp_rank(
+    untied_tensors: tuple[ModelArgs, dict[str, torch.Tensor]], tp: int
+) -> None:
+    """4 heads, 2 KV heads of 16, MLP 96, vocab 256: at tp=4 each KV head is replicated on two ranks."""
+    args, t = untied_tensors
+    heads, kv_heads, d = 4 // tp, max(1, 2 // tp), 16
+    inter, vocab = 96 // tp, 256 // tp
+
+    def rows(name: str, start: int, n: int) -> torch.Tensor:
+        return t[f"model.layers.0.{name}.weight"][start * n : (start + 1) * n]
+
+    def cols(name: str, start: int, n: int) -> torch.Tensor:
+        return t[f"model.layers.0.{name}.weight"][:, start * n : (start + 1) * n]
+
+    try:
+        for rank in range(tp):
+            set_tp(rank, tp)
+            model = load(args, t)
+            layer = model.model.layers[0]
+            kv_rank = rank // max(1, tp // 2)
+            qkv = torch.cat([rows("self_attn.q_proj", rank, heads * d), rows("self_attn.k_proj", kv_rank, kv_heads * d),
+                             rows("self_attn.v_proj", kv_rank, kv_heads * d)])
+            assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+            gate_up = torch.cat([rows("mlp.gate_proj", rank, inter), rows("mlp.up_proj", rank, inter)])
+            assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
+            assert torch.equal(layer.mlp.down_proj.weight, cols("mlp.down_proj", rank, inter))
+            assert torch.equal(layer.self_attn.o_proj.weight, cols("self_attn.o_proj", rank, heads * d))
+            assert torch.equal(model.model.embed_tokens.weight, t["model.embed_tokens.weight"][rank * vocab :][:vocab])
+            assert torch.equal(model.lm_head.weight, t["lm_head.weight"][rank * vocab :][:vocab])
+    finally:
+        set_tp(0, 1)
 
 
 def test_init_dummy_is_deterministic_with_unit_norms() -> None:

@@ -31,6 +31,10 @@ GB = 1e9
 
 class ModelRunner:
     def __init__(self, cfg: XrtConfig) -> None:
+        # torch.library custom ops import torch._dynamo (seconds) on their first call; pay that at
+        # startup rather than in the first request's time to first token.
+        import torch._dynamo  # noqa: F401
+
         self.cfg = cfg
         init_tp(cfg.parallel.tp)
         self.device = resolve_device(cfg)
