@@ -156,3 +156,23 @@ def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None
 def test_usage_errors_exit_2(args: tuple[str, ...], text: str, tmp_path: Path) -> None:
     r = xrt(*args, cwd=tmp_path)
     assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr
+
+
+def test_installed_layout_finds_conf_inside_the_package(tmp_path: Path) -> None:
+    """The wheel force-includes conf/ as xrt/conf; a copy laid out that way composes the same groups."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "xrt", site / "xrt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", site / "xrt" / "conf")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("XRT_CONF_DIR", None)
+    code = "from xrt.cli.compose import conf_dir; print(conf_dir())"
+    found = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
+    assert found.stdout.strip() == str(site / "xrt" / "conf"), found.stderr
+    r = subprocess.run([sys.executable, "-m", "xrt", "config", "validate", "model=qwen3-8b", "parallel=tp8"],
+                       cwd=work, env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+    assert list(work.iterdir()) == []

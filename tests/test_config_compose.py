@@ -75,7 +75,7 @@ def test_model_options_have_the_published_shapes(name: str) -> None:
     assert (m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads) == (
         hidden, inter, layers, heads)
     assert (m.vocab_size, m.num_key_value_heads, m.head_dim, m.tie_word_embeddings) == (151936, 8, 128, tied)
-    assert (m.rope_theta, m.max_position_embeddings, m.rms_norm_eps) == (1e6, 40960, 1e-6)
+    assert (m.rope_theta, m.max_position_embeddings, m.rms_norm_eps, m.max_model_len) == (1e6, 40960, 1e-6, 4096)
 
 
 def test_qwen3_is_the_0_6b_shape() -> None:
