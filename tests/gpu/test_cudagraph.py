@@ -1,0 +1,141 @@
+"""executor=cudagraph against executor=eager on the GPU: decode logits bit-identical step by step,
+greedy generations identical for the seed's batch sizes (odd ones pad up to a bucket) with
+sequences finishing at different steps, one reaching max_model_len, and batches above the largest
+bucket running eager. A tiny Qwen3 shape with head_dim 128 (FlashInfer's) and dummy bf16 weights."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from xrt.config import CacheArgs, DType, ExecutorArgs, ExecutorKind, LoadFormat, ModelArgs, SamplingArgs, XrtConfig
+from xrt.executor.step import SeqChunk, StepInput
+
+pytest.importorskip("flashinfer")
+
+SEED_BATCHES = [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100]
+MAX_MODEL_LEN = 192
+PAGE_SIZE = 16
+NUM_PAGES = 2048
+
+
+def graph_config(kind: ExecutorKind, **executor: object) -> XrtConfig:
+    model = ModelArgs(
+        name="graph-tiny", vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, rope_theta=10000.0,
+        max_position_embeddings=1024, max_model_len=MAX_MODEL_LEN, load_format=LoadFormat.DUMMY,
+        dtype=DType.BFLOAT16,
+    )
+    return XrtConfig(
+        model=model,
+        executor=ExecutorArgs(kind=kind, **executor),  # type: ignore[arg-type]
+        cache=CacheArgs(page_size=PAGE_SIZE, num_pages=NUM_PAGES, prefix_caching=False),
+        seed=7,
+    )
+
+
+@pytest.fixture(scope="module")
+def llms() -> tuple[object, object]:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from xrt.engine.llm import LLM
+
+    return LLM(graph_config(ExecutorKind.EAGER)), LLM(graph_config(ExecutorKind.CUDAGRAPH))
+
+
+def workload(batch: int, seed: int) -> tuple[list[list[int]], list[SamplingArgs]]:
+    """Prompts of different lengths wanting different numbers of tokens, so sequences finish at
+    different steps and the decode batch shrinks through several buckets."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 4096) for _ in range(rng.randint(1, 60))] for _ in range(batch)]
+    sampling = [SamplingArgs(max_tokens=rng.randint(1, 40), ignore_eos=True) for _ in range(batch)]
+    return prompts, sampling
+
+
+def generations(llm: object, prompts: list[list[int]], sampling: list[SamplingArgs]) -> list[tuple[list[int], str]]:
+    return [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, sampling, use_tqdm=False)]  # type: ignore[attr-defined]
+
+
+def test_graphs_captured_for_every_bucket(llms: tuple[object, object]) -> None:
+    runner = llms[1].engine.runner  # type: ignore[attr-defined]
+    assert sorted(runner.graphs) == list(runner.buckets.sizes)
+    assert runner.buckets.largest == 128
+
+
+@pytest.mark.parametrize("batch", SEED_BATCHES)
+def test_greedy_generation_identical_to_eager(llms: tuple[object, object], batch: int) -> None:
+    eager, graph = llms
+    prompts, sampling = workload(batch, seed=batch)
+    want = generations(eager, prompts, sampling)
+    got = generations(graph, prompts, sampling)
+    assert [len(t) for t, _ in got] == [s.max_tokens for s in sampling]
+    assert got == want
+
+
+def test_sequence_reaching_max_model_len(llms: tuple[object, object]) -> None:
+    eager, graph = llms
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1, 4096) for _ in range(n)] for n in (MAX_MODEL_LEN - 40, 5, 17)]
+    sampling = [SamplingArgs(max_tokens=100, ignore_eos=True)] + [SamplingArgs(max_tokens=30, ignore_eos=True)] * 2
+    want = generations(eager, prompts, sampling)
+    got = generations(graph, prompts, sampling)
+    assert got == want
+    assert got[0][1] == "length" and len(prompts[0]) + len(got[0][0]) == MAX_MODEL_LEN
+
+
+def random_decode_step(batch: int, rng: random.Random) -> StepInput:
+    """One decode token per sequence at random positions (page tables disjoint and shuffled)."""
+    pages = list(range(NUM_PAGES))
+    rng.shuffle(pages)
+    seqs = []
+    for _ in range(batch):
+        pos = rng.randrange(0, MAX_MODEL_LEN)
+        n_pages = pos // PAGE_SIZE + 1
+        table, pages = pages[:n_pages], pages[n_pages:]
+        seqs.append(SeqChunk(token_ids=[rng.randrange(4096)], start_pos=pos, page_table=table))
+    return StepInput(is_prefill=False, seqs=seqs)
+
+
+@pytest.mark.parametrize("batch", SEED_BATCHES)
+def test_replayed_decode_logits_bit_identical_to_eager(llms: tuple[object, object], batch: int) -> None:
+    """Same runner, same KV cache: the graph replay and the eager path give the same float32 bits."""
+    from xrt.executor.runner import ModelRunner
+
+    runner = llms[1].engine.runner  # type: ignore[attr-defined]
+    step = random_decode_step(batch, random.Random(100 + batch))
+    eager = ModelRunner.execute(runner, step).clone()
+    graph = runner.execute(step)
+    assert graph.shape == eager.shape == (batch, 4096)
+    diff = (graph - eager).abs().max().item()
+    assert torch.equal(graph, eager), f"batch {batch}: max |graph - eager| = {diff:.3e}"
+    assert runner.last_argmax is not None
+    assert torch.equal(runner.last_argmax, eager.argmax(dim=-1))
+
+
+def test_decode_rows_without_logits_are_dropped(llms: tuple[object, object]) -> None:
+    from xrt.executor.runner import ModelRunner
+
+    runner = llms[1].engine.runner  # type: ignore[attr-defined]
+    step = random_decode_step(5, random.Random(9))
+    seqs = [SeqChunk(c.token_ids, c.start_pos, c.page_table, needs_logits=i % 2 == 0) for i, c in enumerate(step.seqs)]
+    step = StepInput(False, seqs)
+    eager = ModelRunner.execute(runner, step).clone()
+    graph = runner.execute(step)
+    assert graph.shape == (3, 4096)
+    assert torch.equal(graph, eager)
+    assert torch.equal(runner.last_argmax, eager.argmax(dim=-1))
+
+
+def test_batches_above_the_largest_bucket_run_eager(llms: tuple[object, object]) -> None:
+    from xrt.engine.llm import LLM
+
+    eager = llms[0]
+    small = LLM(graph_config(ExecutorKind.CUDAGRAPH, max_batch=8))
+    runner = small.engine.runner
+    assert runner.buckets.sizes == (1, 2, 4, 8)
+    prompts, sampling = workload(13, seed=13)
+    assert generations(small, prompts, sampling) == generations(eager, prompts, sampling)
+    runner.execute(random_decode_step(9, random.Random(1)))
+    assert runner.last_argmax is None  # ran eager: no in-graph argmax
