@@ -193,3 +193,14 @@ def test_model_path_problems_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": "wide", "num_attention_heads": 4}))
     msg = problems_of([f"model.path={tmp_path}"])["model.hidden_size"]
     assert "must be an integer, got 'wide'" in msg and str(tmp_path / "config.json") in msg
+
+
+def test_works_inside_an_already_initialized_hydra(tmp_path: Path) -> None:
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        assert load_config(["model=qwen3"]).model.name == "qwen3"
+        outer = GlobalHydra.instance()
+        assert outer.is_initialized()
+        assert str(tmp_path) in str(outer.config_loader().get_search_path())  # the caller's Hydra is back

@@ -206,19 +206,28 @@ def _unknown_message(key: str, parent: str, siblings: list[str]) -> str:
 def _compose(conf: Path, config_name: str, overrides: list[str]) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from xrt.cli.errors import hydra_problems
 
     ConfigStore.instance().store(name=SCHEMA_NODE, node=to_dict(XrtConfig()))
+    # Called from inside someone's own Hydra app, Hydra is already initialized: step aside and restore it.
+    outer = get_gh_backup() if GlobalHydra.instance().is_initialized() else None
+    if outer is not None:
+        GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="xrt"):
             cfg = compose(config_name=config_name, overrides=overrides)
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except (HydraException, OmegaConfBaseException, ValueError, KeyError) as e:
         raise ConfigError(hydra_problems(e, overrides)) from e
+    finally:
+        if outer is not None:
+            restore_gh_from_backup(outer)
     assert isinstance(raw, dict)
     return raw
 
