@@ -49,33 +49,40 @@ def build_metadata(
         if chunk.needs_logits:
             logits_indices.append(int(qo_indptr[i + 1]) - 1)
 
-    def host(a: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(a), dtype=dtype)
-
-    def empty_or_cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-    qo_h, kv_h = host(qo_indptr, torch.int32), host(kv_indptr, torch.int32)
-    idx_h, last_h = host(kv_indices, torch.int32), host(last_page_len, torch.int32)
-    lens_h = host(seq_lens, torch.int32)
+    # Two host -> device copies per step (one per dtype) instead of one per tensor.
+    n_tok, n_logits = len(token_ids), len(logits_indices)
+    int64s = [np.asarray(token_ids, dtype=np.int64), *_cat(positions), *_cat(slots),
+              np.asarray(logits_indices, dtype=np.int64)]
+    int32s = [qo_indptr, kv_indptr, np.asarray(kv_indices, dtype=np.int32), last_page_len, seq_lens]
+    h64 = torch.from_numpy(np.concatenate(int64s))
+    h32 = torch.from_numpy(np.concatenate(int32s))
+    d64, d32 = h64.to(device), h32.to(device)
+    ids, pos, slot, logit_rows = d64.split([n_tok, n_tok, n_tok, n_logits])
+    sizes = [num_seqs + 1, num_seqs + 1, len(kv_indices), num_seqs, num_seqs]
+    qo_d, kv_d, idx_d, last_d, lens_d = d32.split(sizes)
+    qo_h, kv_h, idx_h, last_h, lens_h = h32.split(sizes)
     meta = AttentionMetadata(
         is_prefill=step.is_prefill,
         num_seqs=num_seqs,
-        num_tokens=len(token_ids),
-        positions=host(empty_or_cat(positions), torch.int64).to(device),
-        slot_mapping=host(empty_or_cat(slots), torch.int64).to(device),
-        qo_indptr=qo_h.to(device),
-        kv_indptr=kv_h.to(device),
-        kv_indices=idx_h.to(device),
-        kv_last_page_len=last_h.to(device),
-        seq_lens=lens_h.to(device),
+        num_tokens=n_tok,
+        positions=pos,
+        slot_mapping=slot,
+        qo_indptr=qo_d,
+        kv_indptr=kv_d,
+        kv_indices=idx_d,
+        kv_last_page_len=last_d,
+        seq_lens=lens_d,
         qo_indptr_host=qo_h,
         kv_indptr_host=kv_h,
         kv_indices_host=idx_h,
         kv_last_page_len_host=last_h,
         seq_lens_host=lens_h,
-        logits_indices=host(logits_indices, torch.int64).to(device),
+        logits_indices=logit_rows,
         has_prefix=any(chunk.start_pos > 0 for chunk in step.seqs),
         page_size=page_size,
     )
-    return host(token_ids, torch.int64).to(device), meta
+    return ids, meta
+
+
+def _cat(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.concatenate(parts)] if parts else []
