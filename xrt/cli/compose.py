@@ -144,7 +144,7 @@ def precheck(
                 problems.extend(_check_option(key, o.value(), groups[key]))
             out.append(line)
             continue
-        where, message = _locate(key, groups)
+        where, message = _locate(key)
         if where == "unknown":
             problems.append((key, message))
         elif o.is_delete():
@@ -164,7 +164,7 @@ def _check_option(group: str, value: Any, options: list[str]) -> list[Problem]:
     return [(group, f"no option {value!r} in group {group!r}; available: {', '.join(options)}{suggestion}")]
 
 
-def _locate(key: str, groups: dict[str, list[str]]) -> tuple[str, str]:
+def _locate(key: str) -> tuple[str, str]:
     """("field" | "entry" | "unknown", message) for a dotted key: a schema field (or group of fields),
     an entry inside a dict field, or unknown (with a 'did you mean')."""
     cls: Any = XrtConfig
