@@ -3,6 +3,7 @@ warm-up), the HF peer with the same protocol, and the bandwidth floor."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from xrt.bench.floor import copy_bandwidth, decode_kv_bytes, decode_weight_bytes
 from xrt.bench.peer_hf import HfPeer
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config, decode_bucket
-from xrt.bench.workload import random_prompts
+from xrt.bench.workload import WARMUP_REP, random_prompts
 from xrt.config import BenchPeer, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
 
@@ -29,6 +30,10 @@ PEER_WARMUP_TOKENS = 8
 def _median(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
+
+
+def _prompts(cfg: XrtConfig, batch: int, rep: int) -> list[list[int]]:
+    return random_prompts(cfg.model.vocab_size, batch, cfg.bench.input_len, cfg.seed, rep)
 
 
 def summarize(runs: list[RunTiming]) -> dict[str, Any]:
@@ -55,31 +60,42 @@ def pages_needed(batch: int, tokens: int, page_size: int) -> int:
     return batch * -(-tokens // page_size)
 
 
+def earlier_peer_figures(records: list[Record], like: Record) -> dict[int, Any]:
+    """Peer figures measured by an earlier job of the same sweep for the same shape, device and dtype:
+    the peer does not depend on our executor, so a sweep measures it once per batch."""
+    same = ("model", "input_len", "output_len", "dtype", "device_name", "warmup", "iters", "peer")
+    out: dict[int, Any] = {}
+    for r in records:
+        if r.get("scenario") == "latency" and r.get("peer_ttft_ms") is not None and all(
+            r.get(k) == like[k] for k in same
+        ):
+            out[r["batch"]] = {
+                "ttft_ms": r["peer_ttft_ms"], "tpot_ms": r["peer_tpot_ms"], "ttft_ms_all": r["peer_ttft_ms_all"],
+                "tpot_ms_all": r["peer_tpot_ms_all"], "weights": r["peer_weights"],
+            }
+    return out
+
+
 def _peer_figures(
-    cfg: XrtConfig, device: torch.device, dtype: torch.dtype, progress: Progress
-) -> tuple[dict[int, Any], str]:
+    cfg: XrtConfig, device: torch.device, dtype: torch.dtype, batches: list[int], progress: Progress
+) -> dict[int, Any]:
     b = cfg.bench
     peer = HfPeer(cfg, device, dtype)
     clock = StepClock(device)
     out: dict[int, Any] = {}
     try:
-        for batch in b.batch:
+        for batch in batches:
             for w in range(b.warmup):
-                peer.time_batch(clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, -1 - w),
-                                min(b.output_len, PEER_WARMUP_TOKENS))
-            runs = [
-                peer.time_batch(clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, i),
-                                b.output_len)
-                for i in range(b.iters)
-            ]
-            out[batch] = summarize(runs)
+                peer.time_batch(clock, _prompts(cfg, batch, WARMUP_REP + w), min(b.output_len, PEER_WARMUP_TOKENS))
+            runs = [peer.time_batch(clock, _prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
+            out[batch] = {**summarize(runs), "weights": peer.weights}
             progress(f"[bench] hf batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
                      f"TPOT {out[batch]['tpot_ms'] or float('nan'):.3f} ms")
     except torch.OutOfMemoryError as e:
         progress(f"[bench] hf peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
     finally:
         peer.close()
-    return out, peer.weights
+    return out
 
 
 def build_engine(cfg: XrtConfig) -> Engine:
@@ -88,24 +104,26 @@ def build_engine(cfg: XrtConfig) -> Engine:
     return LLMEngine(cfg)
 
 
+def free_memory(device: torch.device) -> None:
+    """After dropping the engine: free its KV cache and graphs before the next job of a sweep sizes its own."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def run_latency(
-    cfg: XrtConfig, progress: Progress, engine_factory: Callable[[XrtConfig], Engine] = build_engine
+    cfg: XrtConfig,
+    progress: Progress,
+    earlier: list[Record] | None = None,
+    engine_factory: Callable[[XrtConfig], Engine] = build_engine,
 ) -> list[Record]:
+    """earlier: lines already written by this sweep; their peer figures are reused."""
     cfg = bench_config(cfg)
     b = cfg.bench
     device = resolve_device(cfg)
     dtype = resolve_dtype(cfg, device)
     bandwidth = copy_bandwidth(device, default_copy_bytes(device))
     progress(f"[bench] {device} copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    peer: dict[int, Any] = {}
-    peer_weights = None
-    if b.peer is BenchPeer.HF:
-        # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
-        peer, peer_weights = _peer_figures(cfg, device, dtype, progress)
-
-    engine = engine_factory(cfg)
-    capacity = kv_token_capacity(engine)
-    clock = StepClock(device)
     elem = dtype.itemsize
     tp = cfg.parallel.tp
     weight_bytes = decode_weight_bytes(cfg.model, elem)
@@ -120,12 +138,22 @@ def run_latency(
         "iters": b.iters,
         "tp": tp,
         "peer": b.peer.value,
-        "peer_weights": peer_weights,
         "bandwidth_gbps": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
         **environment(device),
         "config": config_dict(cfg),
     }
+    peer: dict[int, Any] = {}
+    if b.peer is BenchPeer.HF:
+        peer = earlier_peer_figures(earlier or [], base)
+        todo = [x for x in b.batch if x not in peer]
+        if todo:
+            # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
+            peer.update(_peer_figures(cfg, device, dtype, todo, progress))
+
+    engine = engine_factory(cfg)
+    capacity = kv_token_capacity(engine)
+    clock = StepClock(device)
     records: list[Record] = []
     for batch in b.batch:
         rec: Record = {**base, "batch": batch, "bucket": decode_bucket(cfg.executor, batch),
@@ -139,13 +167,8 @@ def run_latency(
                 progress(f"[bench] {rec['executor']} batch {batch}: skipped ({rec['reason']})")
                 continue
         for w in range(b.warmup):
-            time_batch(engine, clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, -1 - w),
-                       b.output_len)
-        runs = [
-            time_batch(engine, clock, random_prompts(cfg.model.vocab_size, batch, b.input_len, cfg.seed, i),
-                       b.output_len)
-            for i in range(b.iters)
-        ]
+            time_batch(engine, clock, _prompts(cfg, batch, WARMUP_REP + w), b.output_len)
+        runs = [time_batch(engine, clock, _prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
         rec.update(summarize(runs))
         kv_bytes = decode_kv_bytes(cfg.model, batch, b.input_len + b.output_len / 2, elem)
         floor_ms = (weight_bytes + kv_bytes) / (tp * bandwidth) * 1e3
@@ -153,12 +176,14 @@ def run_latency(
                    floor_pct=100 * floor_ms / rec["tpot_ms"] if rec["tpot_ms"] else None)
         p = peer.get(batch)
         if p:
-            rec.update(peer_ttft_ms=p["ttft_ms"], peer_tpot_ms=p["tpot_ms"],
+            rec.update(peer_ttft_ms=p["ttft_ms"], peer_tpot_ms=p["tpot_ms"], peer_weights=p["weights"],
                        peer_ttft_ms_all=p["ttft_ms_all"], peer_tpot_ms_all=p["tpot_ms_all"],
                        peer_ttft_ratio=p["ttft_ms"] / rec["ttft_ms"],
                        peer_tpot_ratio=p["tpot_ms"] / rec["tpot_ms"] if p["tpot_ms"] and rec["tpot_ms"] else None)
         records.append(rec)
         progress(_progress_line(rec))
+    del engine
+    free_memory(device)
     return records
 
 

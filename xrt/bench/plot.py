@@ -45,6 +45,9 @@ def write_plot(records: list[Record], path: Path) -> bool:
                 if floor:
                     ax.plot(*_series(list(floor.values()), "floor_ms"), "k-", lw=0.8, label="bandwidth floor")
             ax.set_xscale("log", base=2)
+            ticks = sorted({r["batch"] for r in rows} | set(xb))
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
             ax.set_yscale("log")
             ax.set_xlabel("batch")
             ax.set_ylabel(f"{metric.upper()} ms")

@@ -58,7 +58,7 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
         if r["status"] != "ok":
             lines.append(f"| {r['executor']} | {r['batch']} | {bucket} | skipped: {r['reason']} |" + " |" * 9)
             continue
-        pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.0f}%"
+        pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
         lines.append(
             f"| {r['executor']} | {r['batch']} | {bucket} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} "
             f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "

@@ -10,10 +10,10 @@ from typing import Any
 from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, check_outputs, drive, submit
 from xrt.bench.environment import config_dict, environment
-from xrt.bench.latency import Progress, build_engine
+from xrt.bench.latency import Progress, build_engine, free_memory
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config
-from xrt.bench.workload import prompts_of_lengths, random_lengths
+from xrt.bench.workload import WARMUP_REP, prompts_of_lengths, random_lengths
 from xrt.config import XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
 
@@ -40,12 +40,14 @@ def run_throughput(
     vocab = cfg.model.vocab_size
     warm = lengths[:WARMUP_REQUESTS]
     for w in range(b.warmup):
-        _drain(engine, clock, prompts_of_lengths(vocab, [i for i, _ in warm], cfg.seed, -1 - w),
+        _drain(engine, clock, prompts_of_lengths(vocab, [i for i, _ in warm], cfg.seed, WARMUP_REP + w),
                [min(o, 16) for _, o in warm])
     walls = []
     for i in range(b.iters):
         walls.append(_drain(engine, clock, prompts_of_lengths(vocab, in_lens, cfg.seed, i), out_lens))
         progress(f"[bench] throughput run {i + 1}/{b.iters}: {b.num_requests} requests in {walls[-1]:.2f} s")
+    del engine
+    free_memory(device)
     wall = statistics.median(walls)
     tokens_in, tokens_out = sum(in_lens), sum(out_lens)
     rec: dict[str, Any] = {

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# Warm-up repetitions draw their ids from here on, apart from the timed ones (0, 1, ...).
+WARMUP_REP = 1 << 20
+
 
 def random_prompts(vocab_size: int, batch: int, input_len: int, seed: int, rep: int) -> list[list[int]]:
     """`batch` prompts of `input_len` ids. `rep` varies the ids between repetitions so a prefix cache

@@ -24,7 +24,7 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
         if cfg.bench.scenario is BenchScenario.LATENCY:
             from xrt.bench.latency import run_latency
 
-            records = run_latency(cfg, progress)
+            records = run_latency(cfg, progress, earlier=read_records(out_dir) if job > 0 else None)
         else:
             from xrt.bench.throughput import run_throughput
 

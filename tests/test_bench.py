@@ -1,0 +1,195 @@
+"""xrt bench: the timing split, the floor, the table, and the real CLI on the tiny model (CPU)."""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from xrt.bench.anchors import load_xllm
+from xrt.bench.engine_timing import Engine, split_steps
+from xrt.bench.floor import decode_kv_bytes, decode_weight_bytes
+from xrt.bench.latency import build_engine, run_latency
+from xrt.bench.setup import BenchError, bench_config, decode_bucket
+from xrt.bench.table import render_markdown
+from xrt.bench.workload import random_lengths, random_prompts
+from xrt.cli.main import main
+from xrt.config import (
+    BenchArgs,
+    BenchScenario,
+    Device,
+    DType,
+    ExecutorArgs,
+    ExecutorKind,
+    LoadFormat,
+    ModelArgs,
+    XrtConfig,
+)
+
+QWEN3_0_6B = ModelArgs(name="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                       max_position_embeddings=40960, max_model_len=2048)
+TINY = ["model=qwen3-tiny", "model.dtype=float32", "bench.input_len=8", "bench.output_len=4",
+        "bench.warmup=1", "bench.iters=2"]
+
+
+def test_split_steps_separates_prefill_from_decode() -> None:
+    # Two prefill steps (chunked), then output_len - 1 = 3 decode steps.
+    t = split_steps([5.0, 7.0, 1.0, 2.0, 3.0], [6.0, 8.0, 1.5, 2.5, 3.5], output_len=4)
+    assert (t.prefill_steps, t.ttft_ms, t.tpot_ms) == (2, 12.0, 2.0)
+    assert (t.ttft_wall_ms, t.tpot_wall_ms) == (14.0, 2.5)
+    assert split_steps([4.0], [4.0], output_len=1).tpot_ms is None
+    with pytest.raises(RuntimeError, match="at least 4 engine steps"):
+        split_steps([1.0, 1.0], [1.0, 1.0], output_len=4)
+
+
+def test_floor_bytes_match_qwen3_0_6b() -> None:
+    m = QWEN3_0_6B
+    assert decode_weight_bytes(m, 2) == pytest.approx(1.192e9, rel=1e-3)
+    # 28 layers * K and V * 8 heads * 128 dims * 2 bytes per token.
+    assert decode_kv_bytes(m, 4, 1000, 2) == 4 * 1000 * 28 * 2 * 8 * 128 * 2
+
+
+def test_bench_config_fits_the_largest_batch_in_one_prefill() -> None:
+    cfg = XrtConfig(model=QWEN3_0_6B, bench=BenchArgs(batch=[1, 100], input_len=2000, output_len=256))
+    c = bench_config(cfg)
+    assert c.scheduler.max_batched_tokens == 100 * 2000
+    assert c.scheduler.max_num_seqs == 256
+    assert c.model.max_model_len == 2256
+    assert cfg.scheduler.max_batched_tokens == 8192  # the caller's config is untouched
+    long = XrtConfig(model=ModelArgs(max_position_embeddings=4096, max_model_len=1024),
+                     bench=BenchArgs(input_len=4000, output_len=200))
+    with pytest.raises(BenchError, match=r"bench.input_len \+ bench.output_len: must be <= .*4096, got 4200"):
+        bench_config(long)
+    tput = XrtConfig(model=QWEN3_0_6B, bench=BenchArgs(scenario=BenchScenario.THROUGHPUT, max_len=3000))
+    assert bench_config(tput).model.max_model_len == 6000
+
+
+def test_decode_bucket_follows_the_graph_buckets() -> None:
+    graph = ExecutorArgs(kind=ExecutorKind.CUDAGRAPH, max_batch=128)
+    assert [decode_bucket(graph, b) for b in (1, 3, 13, 47, 100, 129)] == [1, 4, 16, 48, 112, None]
+    assert decode_bucket(ExecutorArgs(), 3) is None
+
+
+def test_workload_is_seeded_and_varies_by_repetition() -> None:
+    a = random_prompts(2048, 3, 16, seed=0, rep=0)
+    assert a == random_prompts(2048, 3, 16, seed=0, rep=0)
+    assert a != random_prompts(2048, 3, 16, seed=0, rep=1)
+    assert len(a) == 3 and all(len(p) == 16 and all(0 <= t < 2048 for t in p) for p in a)
+    lens = random_lengths(50, 100, 120, seed=1)
+    assert all(100 <= i <= 120 and 100 <= o <= 120 for i, o in lens) and len(set(lens)) > 1
+
+
+def _record(batch: int, **kw: object) -> dict[str, object]:
+    base = {"scenario": "latency", "status": "ok", "reason": None, "executor": "cudagraph", "model": "qwen3",
+            "input_len": 1024, "output_len": 256, "dtype": "bfloat16", "device_name": "H200", "torch": "2.11",
+            "git_commit": "abc", "warmup": 1, "iters": 3, "bandwidth_gbps": 4270.0, "batch": batch, "bucket": batch,
+            "ttft_ms": 5.0, "tpot_ms": 1.0, "peer_ttft_ms": 50.0, "peer_tpot_ms": 20.0, "peer_ttft_ratio": 10.0,
+            "peer_tpot_ratio": 20.0, "floor_ms": 0.3, "floor_pct": 30.0}
+    return {**base, **kw}
+
+
+def test_table_has_a_row_per_batch_with_xllm_columns() -> None:
+    assert load_xllm()[1]["py_graph_tpot"] == pytest.approx(2.013)
+    records = [_record(1, tpot_ms=9.0), _record(8), _record(1, tpot_ms=0.8),
+               _record(100, status="skipped", reason="needs 9000 KV pages, the cache has 10")]
+    md = render_markdown(records)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| cudagraph |")]
+    assert len(rows) == 3  # the later batch-1 line replaced the earlier one
+    assert "| 0.800 |" in rows[0] and "8.237 / 2.013" in rows[0] and "6.241 / 1.994" in rows[0]
+    assert "20.00×" in rows[0] and "30%" in rows[0]
+    assert "skipped: needs 9000 KV pages" in rows[2] and rows[2].count("|") == rows[0].count("|")
+    other = render_markdown([_record(1, input_len=8, output_len=4)])
+    assert "2.013" not in other  # xLLM's figures only beside the same lengths
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def test_run_latency_frees_its_engine_for_the_next_job() -> None:
+    engines: list[weakref.ref[Engine]] = []
+
+    def factory(cfg: XrtConfig) -> Engine:
+        engine = build_engine(cfg)
+        engines.append(weakref.ref(engine))
+        return engine
+
+    cfg = XrtConfig(model=ModelArgs(load_format=LoadFormat.DUMMY, dtype=DType.FLOAT32), device=Device.CPU,
+                    bench=BenchArgs(batch=[2], input_len=4, output_len=3, warmup=0, iters=1))
+    (rec,) = run_latency(cfg, lambda line: None, engine_factory=factory)
+    assert rec["status"] == "ok" and rec["ttft_ms"] > 0 and rec["prefill_steps"] == 1
+    assert engines and engines[0]() is None
+
+
+def _bench(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str, peer: str = "none") -> Ran:
+    """`python -m xrt bench ...` in this process (the same entry point, without re-importing torch)."""
+    rc = main(["bench", *TINY, f"bench.peer={peer}", f"bench.out_dir={tmp_path}", *args])
+    out, err = capsys.readouterr()
+    return Ran(rc, out, err)
+
+
+def _lines(tmp_path: Path) -> list[dict[str, object]]:
+    return [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+
+
+def test_cli_latency_with_hf_peer_writes_jsonl_table_and_plot(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    r = _bench(capsys, tmp_path, "bench.batch=[1,2]", peer="hf")
+    assert r.returncode == 0, r.stderr
+    assert "[bench] eager batch 2: TTFT" in r.stdout
+    lines = _lines(tmp_path)
+    assert [x["batch"] for x in lines] == [1, 2]
+    for x in lines:
+        assert x["status"] == "ok" and x["executor"] == "eager" and x["prefill_steps"] == 1
+        assert x["ttft_ms"] > 0 and x["tpot_ms"] > 0 and x["peer_ttft_ms"] > 0 and x["peer_tpot_ms"] > 0
+        assert x["peer_tpot_ratio"] == pytest.approx(x["peer_tpot_ms"] / x["tpot_ms"])
+        assert 0 < x["floor_ms"] and x["floor_pct"] == pytest.approx(100 * x["floor_ms"] / x["tpot_ms"])
+        assert len(x["ttft_ms_all"]) == 2 and x["config"]["bench"]["batch"] == [1, 2]
+        assert x["torch"] and x["git_commit"] and x["device_name"]
+    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager |")]
+    assert len(rows) == 2
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_multirun_jobs_share_one_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "results.jsonl").write_text('{"scenario": "latency", "stale": true}\n')
+    r = _bench(capsys, tmp_path, "-m", "bench.batch=[1],[3]")
+    assert r.returncode == 0, r.stderr
+    assert [x["batch"] for x in _lines(tmp_path)] == [1, 3]  # job 1 dropped the stale line
+    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager |")]
+    assert [ln.split("|")[2].strip() for ln in rows] == ["1", "3"]
+
+
+def test_cli_skips_a_batch_without_enough_kv_pages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # 12 tokens per sequence = 1 page of 16; 4 pages hold batch 4 but not batch 5.
+    r = _bench(capsys, tmp_path, "bench.batch=[4,5]", "cache.num_pages=4", "cache.page_size=16")
+    assert r.returncode == 0, r.stderr
+    status = {x["batch"]: x["status"] for x in _lines(tmp_path)}
+    assert status == {4: "ok", 5: "skipped"}
+    assert "skipped: needs 5 KV pages, the cache has 4" in (tmp_path / "results.md").read_text()
+
+
+def test_cli_throughput_counts_every_token(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    r = _bench(capsys, tmp_path, "bench.scenario=throughput", "bench.num_requests=5", "bench.min_len=3",
+               "bench.max_len=9", "bench.iters=1")
+    assert r.returncode == 0, r.stderr
+    (x,) = _lines(tmp_path)
+    lens = random_lengths(5, 3, 9, seed=0)
+    assert x["input_tokens"] == sum(i for i, _ in lens) and x["output_tokens"] == sum(o for _, o in lens)
+    assert x["tokens_per_s"] == pytest.approx((x["input_tokens"] + x["output_tokens"]) / x["wall_s"])
+    assert "| eager | qwen3-tiny |" in (tmp_path / "results.md").read_text()
+
+
+def test_cli_rejects_lengths_past_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    r = _bench(capsys, tmp_path, "bench.input_len=2000", "bench.output_len=100")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 2100")
