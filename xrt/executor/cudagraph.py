@@ -100,7 +100,8 @@ class DecodeInputs:
 
     def upload(self, bucket: int, num_indices: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Start the copies; returns plan inputs (kv_indptr host, kv_indices device, last_page_len host)."""
-        self.device_buf[:, :bucket].copy_(self.host_buf[:, :bucket], non_blocking=True)
+        # The whole (contiguous, 3 x max_batch) block: a strided slice would be staged through pageable memory.
+        self.device_buf.copy_(self.host_buf, non_blocking=True)
         self.kv_indices[:num_indices].copy_(self.kv_indices_host[:num_indices], non_blocking=True)
         return self.kv_indptr[: bucket + 1], self.kv_indices[:num_indices], self.kv_last_page_len[:bucket]
 
@@ -194,13 +195,13 @@ class CudaGraphRunner(ModelRunner):
 
     def capture(self) -> None:
         sizes = sorted(self.buckets.sizes, reverse=True)
+        torch.cuda.synchronize(self.device)
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        start = time.perf_counter()
         self.fi_backend.enable_graph_decode(list(self.buckets.sizes), self.max_pages_per_seq)
         vocab = self.model.lm_head.num_embeddings
         self.static_logits = torch.zeros(self.buckets.largest, vocab, dtype=torch.float32, device=self.device)
         self._metas = {b: self._graph_meta(b) for b in sizes}
-        torch.cuda.synchronize(self.device)
-        free_before = torch.cuda.mem_get_info(self.device)[0]
-        start = time.perf_counter()
         stream = torch.cuda.Stream(self.device)
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
