@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,24 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from xrt.config import CacheArgs, Device, ModelArgs, SchedulerArgs, XrtConfig
+from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
 from xrt.executor.step import StepInput
-
-TINY_SHAPE: dict[str, Any] = dict(
-    name="qwen3-tiny",
-    vocab_size=2048,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=2048,
-    tie_word_embeddings=True,
-    max_model_len=1024,
-)
 
 
 @pytest.fixture(scope="session")
@@ -49,17 +34,38 @@ def xrt_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def tiny_checkpoint(xrt_cache_dir: str) -> str:
     """Directory of the tiny Qwen3 checkpoint (config.json, model.safetensors, tokenizer.json, ...)."""
     checkpoint = pytest.importorskip("xrt.models.checkpoint")
-    path = checkpoint.resolve_checkpoint(ModelArgs(**TINY_SHAPE))
+    from xrt.models.tiny import tiny_model_args
+
+    path = checkpoint.resolve_checkpoint(tiny_model_args())
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_diverse(tiny_checkpoint: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny checkpoint's shape and tokenizer with larger random weights (HF init, std 0.3).
+    The tiny checkpoint's small weights make greedy output repeat the last token whatever came
+    before it; these make continuations depend on the whole context, so parity tests can fail."""
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny_diverse")
+    config = transformers.AutoConfig.from_pretrained(tiny_checkpoint)
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(path))
+    for name in os.listdir(tiny_checkpoint):  # tokenizer files and generation config as shipped
+        if name != "config.json" and not name.startswith("model") and os.path.isfile(f"{tiny_checkpoint}/{name}"):
+            shutil.copy(os.path.join(tiny_checkpoint, name), path / name)
+    return str(path)
 
 
 def tiny_config(checkpoint_dir: str = "", **sections: Any) -> XrtConfig:
     """An XrtConfig for the tiny model on CPU in float32. `sections` replace whole config sections
     (cache=CacheArgs(...), scheduler=SchedulerArgs(...)) or set root fields."""
-    from xrt.config import DType
+    import attrs
 
-    model = ModelArgs(**TINY_SHAPE, path=checkpoint_dir, dtype=DType.FLOAT32)
+    from xrt.models.tiny import tiny_model_args
+
+    model = attrs.evolve(tiny_model_args(), path=checkpoint_dir, dtype=DType.FLOAT32)
     return XrtConfig(model=model, device=Device.CPU, **sections)
 
 
@@ -69,6 +75,16 @@ def tiny_cfg(tiny_checkpoint: str) -> Callable[..., XrtConfig]:
 
     def make(**sections: Any) -> XrtConfig:
         return tiny_config(tiny_checkpoint, **sections)
+
+    return make
+
+
+@pytest.fixture
+def diverse_cfg(tiny_checkpoint_diverse: str) -> Callable[..., XrtConfig]:
+    """Like tiny_cfg, pointing at tiny_checkpoint_diverse."""
+
+    def make(**sections: Any) -> XrtConfig:
+        return tiny_config(tiny_checkpoint_diverse, **sections)
 
     return make
 
