@@ -159,13 +159,17 @@ def test_cli_latency_with_hf_peer_writes_jsonl_table_and_plot(
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_multirun_jobs_share_one_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cli_multirun_jobs_share_one_table_and_the_peer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_text('{"scenario": "latency", "stale": true}\n')
-    r = _bench(capsys, tmp_path, "-m", "bench.batch=[1],[3]")
+    r = _bench(capsys, tmp_path, "-m", "bench.batch=[1]", "model.max_model_len=512,1024", peer="hf")
     assert r.returncode == 0, r.stderr
-    assert [x["batch"] for x in _lines(tmp_path)] == [1, 3]  # job 1 dropped the stale line
-    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager |")]
-    assert [ln.split("|")[2].strip() for ln in rows] == ["1", "3"]
+    lines = _lines(tmp_path)  # job 1 dropped the stale line, job 2 appended
+    assert [(x["batch"], x["config"]["model"]["max_model_len"]) for x in lines] == [(1, 512), (1, 1024)]
+    assert r.stdout.count("[bench] hf batch 1:") == 1  # job 2 reused job 1's peer figures
+    assert lines[0]["peer_ttft_ms"] == lines[1]["peer_ttft_ms"] > 0
+    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager")]
+    labels = [ln.split("|")[1].strip() for ln in rows]
+    assert labels == ["eager model.max_model_len=1024", "eager model.max_model_len=512"]
 
 
 def test_cli_skips_a_batch_without_enough_kv_pages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

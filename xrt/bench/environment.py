@@ -51,3 +51,14 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "git_commit": git_commit(),
     }
+
+
+def adjusted(given: dict[str, Any], used: dict[str, Any]) -> dict[str, Any]:
+    """Dotted fields the bench changed in its copy of the config, with the values it ran with."""
+    out: dict[str, Any] = {}
+    for k, v in used.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in adjusted(given.get(k, {}), v).items()})
+        elif given.get(k) != v:
+            out[k] = v
+    return out

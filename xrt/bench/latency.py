@@ -12,7 +12,7 @@ import torch
 
 from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, RunTiming, time_batch
-from xrt.bench.environment import config_dict, environment
+from xrt.bench.environment import adjusted, config_dict, environment
 from xrt.bench.floor import copy_bandwidth, decode_kv_bytes, decode_weight_bytes, default_copy_bytes
 from xrt.bench.peer_hf import HfPeer
 from xrt.bench.results import Record
@@ -60,13 +60,19 @@ def pages_needed(batch: int, tokens: int, page_size: int) -> int:
     return batch * -(-tokens // page_size)
 
 
+def _peer_model(config: dict[str, Any]) -> dict[str, Any]:
+    """What the peer is built from: the model section, less what only our engine uses."""
+    return {k: v for k, v in config.get("model", {}).items() if k != "max_model_len"}
+
+
 def earlier_peer_figures(records: list[Record], like: Record) -> dict[int, Any]:
     """Peer figures measured by an earlier job of the same sweep for the same shape, device and dtype:
     the peer does not depend on our executor, so a sweep measures it once per batch."""
     same = ("model", "input_len", "output_len", "dtype", "device_name", "warmup", "iters", "peer")
     out: dict[int, Any] = {}
     for r in records:
-        if r.get("scenario") == "latency" and r.get("peer_ttft_ms") is not None and all(
+        same_model = _peer_model(r.get("config") or {}) == _peer_model(like["config"])
+        if r.get("scenario") == "latency" and r.get("peer_ttft_ms") is not None and same_model and all(
             r.get(k) == like[k] for k in same
         ):
             out[r["batch"]] = {
@@ -118,6 +124,7 @@ def run_latency(
     engine_factory: Callable[[XrtConfig], Engine] = build_engine,
 ) -> list[Record]:
     """earlier: lines already written by this sweep; their peer figures are reused."""
+    given = config_dict(cfg)
     cfg = bench_config(cfg)
     b = cfg.bench
     device = resolve_device(cfg)
@@ -141,7 +148,8 @@ def run_latency(
         "bandwidth_gbps": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
         **environment(device),
-        "config": config_dict(cfg),
+        "config": given,
+        "adjusted": adjusted(given, config_dict(cfg)),
     }
     peer: dict[int, Any] = {}
     if b.peer is BenchPeer.HF:

@@ -1,4 +1,4 @@
-"""plot.png: TPOT and TTFT against batch for each latency group: ours per executor, the HF peer,
+"""plot.png: TPOT and TTFT against batch for each latency group: ours per executor (and swept field), the HF peer,
 xLLM's H100 figures (when the lengths match theirs) and the bandwidth floor."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def write_plot(records: list[Record], path: Path) -> bool:
         xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
         xb = sorted(xllm)
         for ax, metric in ((ax_tpot, "tpot"), (ax_ttft, "ttft")):
-            for executor in sorted({r["executor"] for r in rows}):
-                mine = [r for r in rows if r["executor"] == executor]
-                ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {executor}")
+            for label in sorted({r["label"] for r in rows}):
+                mine = [r for r in rows if r["label"] == label]
+                ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {label}")
             peer_rows = {r["batch"]: r for r in rows if r.get(f"peer_{metric}_ms") is not None}
             if peer_rows:
                 ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--", label="HF transformers")

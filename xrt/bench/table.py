@@ -10,16 +10,45 @@ from xrt.bench.results import Record
 
 LatencyKey = tuple[str, int, int, str, str]
 
+# Config fields that differ between jobs without making a different row: the batch (a row's own
+# column), the executor (the label's head) and where the results go.
+SAME_ROW = {"bench.batch", "bench.out_dir", "executor.kind"}
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _labels(records: list[Record]) -> list[str]:
+    """executor, plus the config fields that vary between the group's lines (a sweep over them)."""
+    flats = [flatten(r.get("config") or {}) for r in records]
+    keys = sorted({k for f in flats for k in f} - SAME_ROW)
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    return [
+        r["executor"] + (" " + " ".join(f"{k}={f.get(k)}" for k in varying) if varying else "")
+        for r, f in zip(records, flats, strict=True)
+    ]
+
 
 def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
-    """Rows per group, last line per (executor, batch) wins, sorted by executor then batch."""
-    rows: dict[LatencyKey, dict[tuple[str, int], Record]] = {}
+    """Rows per (model, lengths, dtype, device), each with a "label" (executor and swept fields); the
+    last line per (label, batch) wins; sorted by label then batch."""
+    groups: dict[LatencyKey, list[Record]] = {}
     for r in records:
-        if r.get("scenario") != "latency":
-            continue
-        key = (r["model"], r["input_len"], r["output_len"], r["dtype"], r["device_name"])
-        rows.setdefault(key, {})[(r["executor"], r["batch"])] = r
-    return {k: [v[x] for x in sorted(v)] for k, v in rows.items()}
+        if r.get("scenario") == "latency":
+            key = (r["model"], r["input_len"], r["output_len"], r["dtype"], r["device_name"])
+            groups.setdefault(key, []).append(r)
+    out: dict[LatencyKey, list[Record]] = {}
+    for key, rs in groups.items():
+        rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, _labels(rs), strict=True)}
+        out[key] = [rows[x] for x in sorted(rows)]
+    return out
 
 
 def throughput_rows(records: list[Record]) -> list[Record]:
@@ -56,11 +85,11 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
         x = xllm.get(r["batch"], {})
         bucket = "–" if r.get("bucket") is None else str(r["bucket"])
         if r["status"] != "ok":
-            lines.append(f"| {r['executor']} | {r['batch']} | {bucket} | skipped: {r['reason']} |" + " |" * 9)
+            lines.append(f"| {r['label']} | {r['batch']} | {bucket} | skipped: {r['reason']} |" + " |" * 9)
             continue
         pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
         lines.append(
-            f"| {r['executor']} | {r['batch']} | {bucket} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} "
+            f"| {r['label']} | {r['batch']} | {bucket} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} "
             f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "
             f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
             f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "

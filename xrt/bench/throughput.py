@@ -9,7 +9,7 @@ from typing import Any
 
 from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, check_outputs, drive, submit
-from xrt.bench.environment import config_dict, environment
+from xrt.bench.environment import adjusted, config_dict, environment
 from xrt.bench.latency import Progress, build_engine, free_memory
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config
@@ -30,6 +30,7 @@ def _drain(engine: Engine, clock: StepClock, prompts: list[list[int]], out_lens:
 def run_throughput(
     cfg: XrtConfig, progress: Progress, engine_factory: Callable[[XrtConfig], Engine] = build_engine
 ) -> list[Record]:
+    given = config_dict(cfg)
     cfg = bench_config(cfg)
     b = cfg.bench
     device = resolve_device(cfg)
@@ -68,7 +69,8 @@ def run_throughput(
         "tokens_per_s": (tokens_in + tokens_out) / wall,
         "output_tokens_per_s": tokens_out / wall,
         **environment(device),
-        "config": config_dict(cfg),
+        "config": given,
+        "adjusted": adjusted(given, config_dict(cfg)),
     }
     progress(f"[bench] throughput {rec['executor']}: {rec['tokens_per_s']:.0f} tokens/s "
              f"({rec['output_tokens_per_s']:.0f} output tokens/s), wall {wall:.2f} s")
