@@ -5,13 +5,15 @@ the decode steps and everything before them is the prefill of the batch."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import attrs
 
 from xrt.bench.clock import StepClock
 from xrt.config import SamplingArgs
+
+Progress = Callable[[str], None]
 
 
 class Output(Protocol):
@@ -91,3 +93,20 @@ def time_batch(engine: Engine, clock: StepClock, prompts: list[list[int]], outpu
     expected = submit(engine, prompts, [output_len] * len(prompts))
     check_outputs(drive(engine, clock), expected)
     return split_steps(clock.steps_ms(), clock.wall_ms(), output_len)
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(runs: list[RunTiming]) -> dict[str, Any]:
+    return {
+        "ttft_ms": _median([r.ttft_ms for r in runs]),
+        "tpot_ms": _median([r.tpot_ms for r in runs]),
+        "ttft_wall_ms": _median([r.ttft_wall_ms for r in runs]),
+        "tpot_wall_ms": _median([r.tpot_wall_ms for r in runs]),
+        "ttft_ms_all": [r.ttft_ms for r in runs],
+        "tpot_ms_all": [r.tpot_ms for r in runs],
+        "prefill_steps": max(r.prefill_steps for r in runs),
+    }

@@ -4,51 +4,24 @@ warm-up), the HF peer with the same protocol, and the bandwidth floor."""
 from __future__ import annotations
 
 import gc
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from xrt.bench.clock import StepClock
-from xrt.bench.engine_timing import Engine, RunTiming, time_batch
+from xrt.bench.engine_timing import Engine, Progress, summarize, time_batch
 from xrt.bench.environment import adjusted, config_dict, environment
 from xrt.bench.floor import copy_bandwidth, decode_kv_bytes, decode_weight_bytes, default_copy_bytes
-from xrt.bench.peer_hf import HfPeer
+from xrt.bench.peer_figures import earlier_peer_figures, peer_figures
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config, decode_bucket
-from xrt.bench.workload import WARMUP_REP, random_prompts
+from xrt.bench.workload import WARMUP_REP, batch_prompts
 from xrt.config import BenchPeer, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
 
-Progress = Callable[[str], None]
 
-# Warm-up of the peer only needs its kernels and allocator warm, not a full-length decode.
-PEER_WARMUP_TOKENS = 8
-
-
-def _median(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
-
-
-def _prompts(cfg: XrtConfig, batch: int, rep: int) -> list[list[int]]:
-    return random_prompts(cfg.model.vocab_size, batch, cfg.bench.input_len, cfg.seed, rep)
-
-
-def summarize(runs: list[RunTiming]) -> dict[str, Any]:
-    return {
-        "ttft_ms": _median([r.ttft_ms for r in runs]),
-        "tpot_ms": _median([r.tpot_ms for r in runs]),
-        "ttft_wall_ms": _median([r.ttft_wall_ms for r in runs]),
-        "tpot_wall_ms": _median([r.tpot_wall_ms for r in runs]),
-        "ttft_ms_all": [r.ttft_ms for r in runs],
-        "tpot_ms_all": [r.tpot_ms for r in runs],
-        "prefill_steps": max(r.prefill_steps for r in runs),
-    }
-
-
-def kv_token_capacity(engine: Engine) -> tuple[int, int] | None:
+def kv_pages(engine: Engine) -> tuple[int, int] | None:
     """(num_pages, page_size) of the engine's KV cache, when the engine exposes its runner."""
     for holder in (engine, getattr(engine, "runner", None), getattr(engine, "model_runner", None)):
         if holder is not None and hasattr(holder, "num_pages") and hasattr(holder, "page_size"):
@@ -58,50 +31,6 @@ def kv_token_capacity(engine: Engine) -> tuple[int, int] | None:
 
 def pages_needed(batch: int, tokens: int, page_size: int) -> int:
     return batch * -(-tokens // page_size)
-
-
-def _peer_model(config: dict[str, Any]) -> dict[str, Any]:
-    """What the peer is built from: the model section, less what only our engine uses."""
-    return {k: v for k, v in config.get("model", {}).items() if k != "max_model_len"}
-
-
-def earlier_peer_figures(records: list[Record], like: Record) -> dict[int, Any]:
-    """Peer figures measured by an earlier job of the same sweep for the same shape, device and dtype:
-    the peer does not depend on our executor, so a sweep measures it once per batch."""
-    same = ("model", "input_len", "output_len", "dtype", "device_name", "warmup", "iters", "peer")
-    out: dict[int, Any] = {}
-    for r in records:
-        same_model = _peer_model(r.get("config") or {}) == _peer_model(like["config"])
-        if r.get("scenario") == "latency" and r.get("peer_ttft_ms") is not None and same_model and all(
-            r.get(k) == like[k] for k in same
-        ):
-            out[r["batch"]] = {
-                "ttft_ms": r["peer_ttft_ms"], "tpot_ms": r["peer_tpot_ms"], "ttft_ms_all": r["peer_ttft_ms_all"],
-                "tpot_ms_all": r["peer_tpot_ms_all"], "weights": r["peer_weights"],
-            }
-    return out
-
-
-def _peer_figures(
-    cfg: XrtConfig, device: torch.device, dtype: torch.dtype, batches: list[int], progress: Progress
-) -> dict[int, Any]:
-    b = cfg.bench
-    peer = HfPeer(cfg, device, dtype)
-    clock = StepClock(device)
-    out: dict[int, Any] = {}
-    try:
-        for batch in batches:
-            for w in range(b.warmup):
-                peer.time_batch(clock, _prompts(cfg, batch, WARMUP_REP + w), min(b.output_len, PEER_WARMUP_TOKENS))
-            runs = [peer.time_batch(clock, _prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
-            out[batch] = {**summarize(runs), "weights": peer.weights}
-            progress(f"[bench] hf batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
-                     f"TPOT {out[batch]['tpot_ms'] or float('nan'):.3f} ms")
-    except torch.OutOfMemoryError as e:
-        progress(f"[bench] hf peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
-    finally:
-        peer.close()
-    return out
 
 
 def build_engine(cfg: XrtConfig) -> Engine:
@@ -157,10 +86,10 @@ def run_latency(
         todo = [x for x in b.batch if x not in peer]
         if todo:
             # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
-            peer.update(_peer_figures(cfg, device, dtype, todo, progress))
+            peer.update(peer_figures(cfg, device, dtype, todo, progress))
 
     engine = engine_factory(cfg)
-    capacity = kv_token_capacity(engine)
+    capacity = kv_pages(engine)
     clock = StepClock(device)
     records: list[Record] = []
     for batch in b.batch:
@@ -175,8 +104,8 @@ def run_latency(
                 progress(f"[bench] {rec['executor']} batch {batch}: skipped ({rec['reason']})")
                 continue
         for w in range(b.warmup):
-            time_batch(engine, clock, _prompts(cfg, batch, WARMUP_REP + w), b.output_len)
-        runs = [time_batch(engine, clock, _prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
+            time_batch(engine, clock, batch_prompts(cfg, batch, WARMUP_REP + w), b.output_len)
+        runs = [time_batch(engine, clock, batch_prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
         rec.update(summarize(runs))
         kv_bytes = decode_kv_bytes(cfg.model, batch, b.input_len + b.output_len / 2, elem)
         floor_ms = (weight_bytes + kv_bytes) / (tp * bandwidth) * 1e3

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from xrt.bench.clock import StepClock
-from xrt.bench.engine_timing import Engine, check_outputs, drive, submit
+from xrt.bench.engine_timing import Engine, Progress, check_outputs, drive, submit
 from xrt.bench.environment import adjusted, config_dict, environment
-from xrt.bench.latency import Progress, build_engine, free_memory
+from xrt.bench.latency import build_engine, free_memory
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config
 from xrt.bench.workload import WARMUP_REP, prompts_of_lengths, random_lengths

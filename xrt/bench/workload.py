@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from xrt.config import XrtConfig
+
 # Warm-up repetitions draw their ids from here on, apart from the timed ones (0, 1, ...).
 WARMUP_REP = 1 << 20
 
@@ -14,6 +16,11 @@ def random_prompts(vocab_size: int, batch: int, input_len: int, seed: int, rep: 
     never turns a timed prefill into a lookup."""
     rng = np.random.default_rng([seed, batch, input_len, rep])
     return rng.integers(0, vocab_size, size=(batch, input_len)).tolist()
+
+
+def batch_prompts(cfg: XrtConfig, batch: int, rep: int) -> list[list[int]]:
+    """The latency scenario's prompts for one repetition of one batch."""
+    return random_prompts(cfg.model.vocab_size, batch, cfg.bench.input_len, cfg.seed, rep)
 
 
 def random_lengths(num: int, min_len: int, max_len: int, seed: int) -> list[tuple[int, int]]:
