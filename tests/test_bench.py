@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,9 @@ from xrt.bench.anchors import load_xllm
 from xrt.bench.engine_timing import Engine, split_steps
 from xrt.bench.floor import decode_kv_bytes, decode_weight_bytes
 from xrt.bench.latency import build_engine, run_latency
+from xrt.bench.report import main as report_main
+from xrt.bench.report import regenerate
+from xrt.bench.results import write_records
 from xrt.bench.setup import BenchError, bench_config, decode_bucket
 from xrt.bench.table import render_markdown
 from xrt.bench.workload import random_lengths, random_prompts
@@ -111,6 +115,21 @@ class Ran:
     returncode: int
     stdout: str
     stderr: str
+
+
+def test_report_without_matplotlib_leaves_the_plot_for_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_records(tmp_path, [_record(1), _record(8)], fresh=True)
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "matplotlib", None)  # as on the GPU machine
+        lines = regenerate(tmp_path)
+    assert "plot.png left out: matplotlib is not installed" in lines[1]
+    assert not (tmp_path / "plot.png").exists() and (tmp_path / "results.md").is_file()
+    assert report_main([str(tmp_path)]) == 0
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert report_main([str(tmp_path / "missing")]) == 2
+    assert "usage: python -m xrt.bench.report" in capsys.readouterr().err
 
 
 def test_run_latency_frees_its_engine_for_the_next_job() -> None:

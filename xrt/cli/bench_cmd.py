@@ -11,10 +11,9 @@ from xrt.config import BenchScenario, XrtConfig
 
 def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
     """One job of a (multi)run; job 0 starts results.jsonl afresh, later jobs append to it."""
-    from xrt.bench.plot import write_plot
-    from xrt.bench.results import PLOT, TABLE, read_records, write_records
+    from xrt.bench.report import regenerate
+    from xrt.bench.results import read_records, write_records
     from xrt.bench.setup import BenchError
-    from xrt.bench.table import render_markdown
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -33,11 +32,6 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     results = write_records(out_dir, records, fresh=job == 0)
-    everything = read_records(out_dir)
-    (out_dir / TABLE).write_text(render_markdown(everything))
-    plotted = write_plot(everything, out_dir / PLOT)
-    if not plotted:
-        (out_dir / PLOT).unlink(missing_ok=True)
-    done = f"{results}, {out_dir / TABLE}" + (f", {out_dir / PLOT}" if plotted else "")
-    progress(f"[bench] job {job + 1}/{num_jobs}: wrote {done}")
+    for line in [f"wrote {results}", *regenerate(out_dir)]:
+        progress(f"[bench] job {job + 1}/{num_jobs}: {line}")
     return 0
