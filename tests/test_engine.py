@@ -202,3 +202,19 @@ def _as_dict(p: SamplingArgs) -> dict:
     import attrs
 
     return attrs.asdict(p)
+
+
+def test_preempted_sequence_longer_than_the_budget_is_recomputed_in_chunks(
+    fake_runner: Callable, fake_cfg: Callable
+) -> None:
+    # Without chunked prefill, prompts run whole; a preempted sequence that grew past the budget
+    # is the exception (else it could never run again).
+    runner = fake_runner(num_pages=9, page_size=4)
+    cfg = fake_cfg(num_pages=9, max_batched_tokens=16, chunked_prefill=False, prefix_caching=False)
+    llm = LLM(cfg, runner=runner)
+    prompts = [list(range(1, 15)), list(range(20, 34))]
+    outs = llm.generate(prompts, GREEDY)
+    assert llm.engine.num_preemptions > 0
+    assert [o.token_ids for o in outs] == [runner.reference_greedy(p, 12) for p in prompts]
+    assert all(s.num_tokens <= 16 for s in runner.steps if s.is_prefill)
+    assert any(not c.needs_logits for s in runner.steps for c in s.seqs)  # a recompute was split

@@ -96,7 +96,10 @@ class LLMEngine:
         text: str | None = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt: text prompts need the checkpoint's tokenizer.json; pass token ids instead")
+                raise ValueError(
+                    "prompt: text prompts need the checkpoint's tokenizer.json (model.load_format=dummy has none); "
+                    "pass token ids instead"
+                )
             text = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         else:
