@@ -20,7 +20,7 @@ from xrt.config import ModelArgs
 from xrt.models.loader import CheckpointError
 
 # Bump when the files written here change, so cached checkpoints are rebuilt.
-TINY_FORMAT_VERSION = 1
+TINY_FORMAT_VERSION = 2
 CORPUS = Path(__file__).with_name("data") / "corpus.txt"
 BPE_VOCAB_SIZE = 2000
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -36,7 +36,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-WEIGHT_STD = 0.02
+# Large for a random model on purpose: with std 0.02 greedy output just repeats the last token,
+# whatever came before; at 0.3 continuations depend on the whole context (and parity tests can fail).
+WEIGHT_STD = 0.3
 NORM_JITTER = 0.1
 
 
