@@ -217,3 +217,40 @@ def test_reference_functions_are_the_op_impls() -> None:
     x, w = torch.randn(4, 16), torch.rand(16)
     torch.testing.assert_close(reference.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6), rtol=0, atol=0)
     torch.testing.assert_close(reference.silu_and_mul(x), silu_and_mul(x), rtol=0, atol=0)
+
+
+SCHEMAS = {
+    "rms_norm": "xrt::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    "fused_add_rms_norm": (
+        "xrt::fused_add_rms_norm(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"
+    ),
+    "silu_and_mul": "xrt::silu_and_mul(Tensor x) -> Tensor",
+    "store_kv": "xrt::store_kv(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()",
+    "all_reduce_": "xrt::all_reduce_(Tensor(a0!) x) -> ()",
+    "all_gather": "xrt::all_gather(Tensor x, SymInt dim) -> Tensor",
+}
+
+
+def test_op_schemas_are_the_contract() -> None:
+    for name, schema in SCHEMAS.items():
+        assert str(getattr(torch.ops.xrt, name).default._schema) == schema
+
+
+def test_a_device_kernel_registered_later_overrides_the_reference() -> None:
+    """What xrt.ops.cuda_impls does for CUDA, done for CPU in a scoped library: the op, called through
+    its Python entry point, runs the registered kernel; the reference is back once the library is gone."""
+    from xrt.ops.registry import implementation
+
+    calls: list[int] = []
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return reference.silu_and_mul(x) + 1
+
+    x = torch.randn(3, 8)
+    with torch.library._scoped_library("xrt", "FRAGMENT") as lib:
+        torch.library.register_kernel("xrt::silu_and_mul", "cpu", kernel, lib=lib)
+        torch.testing.assert_close(silu_and_mul(x), reference.silu_and_mul(x) + 1)
+    assert calls == [3]
+    torch.testing.assert_close(silu_and_mul(x), reference.silu_and_mul(x), rtol=0, atol=0)
+    assert implementation("silu_and_mul", "cpu") is reference.silu_and_mul

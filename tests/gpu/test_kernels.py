@@ -202,9 +202,12 @@ def check_layouts(device: torch.device, dtype: torch.dtype = torch.float32) -> N
 # 0.6B shapes: hidden 1024, heads 16, kv 8, head_dim 128, intermediate 3072.
 NORM_SHAPES = [(1, 1024), (7, 1024), (33, 1000), (5, 64), (130, 4096)]
 SILU_SHAPES = [(1, 3072), (9, 3072), (3, 100), (16, 128)]
-QK_SHAPES = [(1, 16, 8, 128), (7, 16, 8, 128), (5, 4, 2, 16), (3, 3, 3, 6), (64, 16, 8, 128)]
+# qk: heads + kv_heads below, at and above one program's HEAD_BLOCK (8), and a prefill-sized token count.
+QK_SHAPES = [(1, 16, 8, 128), (7, 16, 8, 128), (5, 4, 2, 16), (3, 3, 3, 6), (64, 16, 8, 128), (9, 5, 1, 64),
+             (1024, 16, 8, 128), (4, 32, 8, 128)]
 STORE_SHAPES = [(1, 8, 128, 16), (7, 8, 128, 16), (37, 8, 128, 16), (19, 2, 16, 4), (5, 3, 6, 1)]
-FUSED_SHAPES = [(1, 16, 8, 128, 16), (37, 16, 8, 128, 16), (11, 4, 2, 16, 4), (5, 3, 3, 6, 1)]
+FUSED_SHAPES = [(1, 16, 8, 128, 16), (37, 16, 8, 128, 16), (11, 4, 2, 16, 4), (5, 3, 3, 6, 1), (1024, 16, 8, 128, 16),
+                (6, 14, 2, 32, 2)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -1,34 +1,67 @@
-"""Element-wise and normalisation ops of the model, as `xrt::` custom ops. The default
-implementation (every device) is `xrt.ops.reference`; `xrt.ops.cuda_impls` overrides it on CUDA."""
+"""Element-wise and normalisation ops of the model, as `xrt::` ops (`xrt.ops.registry`). The default
+implementation (every device) is `xrt.ops.reference`; `xrt.ops.cuda_impls` overrides it on CUDA.
+Each function here calls its op's overload: the dispatcher picks the implementation by device."""
 
 from __future__ import annotations
 
 import torch
 
 from xrt.ops import reference
+from xrt.ops.registry import define
 
 
-@torch.library.custom_op("xrt::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return reference.rms_norm(x, weight, eps)
-
-
-@rms_norm.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("xrt::fused_add_rms_norm", mutates_args=("x", "residual"))
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    reference.fused_add_rms_norm(x, residual, weight, eps)
-
-
-@fused_add_rms_norm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def _fused_add_rms_norm_fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     return None
 
 
-@torch.library.custom_op("xrt::qk_norm_rope", mutates_args=("qkv",))
+def _qk_norm_rope_fake(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> None:
+    return None
+
+
+def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+_RMS_NORM = define("rms_norm", "(Tensor x, Tensor weight, float eps) -> Tensor", reference.rms_norm, _rms_norm_fake)
+_FUSED_ADD_RMS_NORM = define(
+    "fused_add_rms_norm",
+    "(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()",
+    reference.fused_add_rms_norm,
+    _fused_add_rms_norm_fake,
+)
+_QK_NORM_ROPE = define(
+    "qk_norm_rope",
+    "(Tensor(a0!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
+    "SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, float eps) -> ()",
+    reference.qk_norm_rope,
+    _qk_norm_rope_fake,
+)
+_SILU_AND_MUL = define("silu_and_mul", "(Tensor x) -> Tensor", reference.silu_and_mul, _silu_and_mul_fake)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _RMS_NORM(x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual <- x + residual; x <- rms_norm(residual) * weight."""
+    _FUSED_ADD_RMS_NORM(x, residual, weight, eps)
+
+
 def qk_norm_rope(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -40,29 +73,9 @@ def qk_norm_rope(
     head_dim: int,
     eps: float,
 ) -> None:
-    reference.qk_norm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)
+    """In place on the q and k heads of qkv [T, (H + 2 KV) * D]: per-head RMSNorm, then NeoX RoPE."""
+    _QK_NORM_ROPE(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)
 
 
-@qk_norm_rope.register_fake
-def _(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-) -> None:
-    return None
-
-
-@torch.library.custom_op("xrt::silu_and_mul", mutates_args=())
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return reference.silu_and_mul(x)
-
-
-@silu_and_mul.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+    return _SILU_AND_MUL(x)

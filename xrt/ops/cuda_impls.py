@@ -1,27 +1,37 @@
 """CUDA implementations of the xrt ops: the Triton kernels in `xrt.kernels`.
 
 `xrt.ops` imports this module only when CUDA is present. Importing it registers the kernels but does not
-import triton: each implementation imports its kernel on first call, so a CPU-only process that imports
+import triton: each implementation imports its kernel module on first call (then finds it in a dict, and
+calls the function through the module so a test can still replace it), so a CPU-only process that imports
 this file pays nothing. Triton compiles a kernel on its first launch; the executor runs
 `xrt.kernels.warmup.warmup_kernels` (or one eager step) before any CUDA graph capture."""
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import torch
 
-from xrt.ops import compute  # noqa: F401  (defines the ops registered below)
+from xrt.ops import attention, compute  # noqa: F401  (define the ops registered below)
+from xrt.ops.registry import register_device_impl
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+def _kernels(name: str) -> ModuleType:
+    module = _MODULES.get(name)
+    if module is None:
+        module = _MODULES[name] = importlib.import_module(f"xrt.kernels.{name}")
+    return module
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from xrt.kernels.rms_norm import rms_norm as kernel
-
-    return kernel(x, weight, eps)
+    return _kernels("rms_norm").rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    from xrt.kernels.rms_norm import fused_add_rms_norm as kernel
-
-    kernel(x, residual, weight, eps)
+    _kernels("rms_norm").fused_add_rms_norm(x, residual, weight, eps)
 
 
 def qk_norm_rope(
@@ -35,9 +45,9 @@ def qk_norm_rope(
     head_dim: int,
     eps: float,
 ) -> None:
-    from xrt.kernels.qk_norm_rope import qk_norm_rope as kernel
-
-    kernel(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)
+    _kernels("qk_norm_rope").qk_norm_rope(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps
+    )
 
 
 def qk_norm_rope_store_kv(
@@ -53,22 +63,18 @@ def qk_norm_rope_store_kv(
     head_dim: int,
     eps: float,
 ) -> None:
-    from xrt.kernels.qk_norm_rope import qk_norm_rope_store_kv as kernel
-
-    kernel(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
-           num_heads, num_kv_heads, head_dim, eps)
+    _kernels("qk_norm_rope").qk_norm_rope_store_kv(
+        qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
+        eps,
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    from xrt.kernels.silu_and_mul import silu_and_mul as kernel
-
-    return kernel(x)
+    return _kernels("silu_and_mul").silu_and_mul(x)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    from xrt.kernels.store_kv import store_kv as kernel
-
-    kernel(k, v, kv_cache, slot_mapping)
+    _kernels("store_kv").store_kv(k, v, kv_cache, slot_mapping)
 
 
 IMPLS = {
@@ -83,9 +89,9 @@ IMPLS = {
 
 def _register() -> None:
     for name, fn in IMPLS.items():
-        # An op not (yet) defined in xrt.ops has nothing to override.
-        if hasattr(torch.ops.xrt, name):
-            torch.library.register_kernel(f"xrt::{name}", "cuda", fn)
+        # Straight into the dispatch table: torch.library.register_kernel would wrap every call in a
+        # dynamo guard (microseconds per launch).
+        register_device_impl(name, "cuda", fn)
 
 
 _register()
