@@ -10,6 +10,7 @@ import attrs
 import pytest
 import torch
 
+from xrt.attention.torch_ref import TorchRefBackend
 from xrt.config import CacheArgs, Device, DType, ExecutorArgs, ExecutorKind, LoadFormat, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
 from xrt.executor.factory import build_runner
@@ -136,3 +137,57 @@ def test_bfloat16_runner_returns_float32_logits() -> None:
     assert runner.dtype == torch.bfloat16 and runner.kv_cache.dtype == torch.bfloat16
     out = runner.execute(StepInput(True, [SeqChunk([4, 5, 6], 0, [2])]))
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+class RaggedRefBackend(TorchRefBackend):
+    """The torch reference, except that a prefill with no cached prefix attends over the k and v the layer
+    hands over (causal within each sequence) and never reads the cache: what FlashInfer's ragged prefill
+    does on CUDA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ragged_calls = 0
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer_idx: int,
+        scale: float,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        meta = self._meta
+        assert meta is not None and k is not None and v is not None
+        assert k.shape == v.shape == (q.shape[0], kv_cache.shape[3], kv_cache.shape[4])
+        if not meta.is_prefill or meta.has_prefix:
+            return super().forward(q, kv_cache, layer_idx, scale, k, v)
+        self.ragged_calls += 1
+        group = q.shape[1] // k.shape[1]
+        out = torch.empty(q.shape, dtype=q.dtype)
+        bounds = meta.qo_indptr_host.tolist()
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            qi = q[start:end].float()
+            ki = k[start:end].float().repeat_interleave(group, dim=1)
+            vi = v[start:end].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", qi, ki) * scale
+            n = end - start
+            scores.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vi).to(q.dtype)
+        return out
+
+
+def test_layers_hand_the_backend_this_steps_k_and_v() -> None:
+    """A backend that attends over the layer's k/v instead of the cache gives the reference's logits, for a
+    ragged batch prefill; later steps (a prefix, a decode) read the cache the prefill wrote."""
+    ref, ragged = ModelRunner(dummy_config(num_pages=16)), ModelRunner(dummy_config(num_pages=16))
+    ragged.backend = RaggedRefBackend()
+    steps = [
+        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),
+        StepInput(True, [SeqChunk([11, 12], 6, [9, 3])]),
+        StepInput(False, [SeqChunk([4], 3, [5])]),
+    ]
+    for step in steps:
+        torch.testing.assert_close(ragged.execute(step), ref.execute(step), rtol=1e-5, atol=1e-5)
+    assert ragged.backend.ragged_calls == 3  # the first step, once per layer
+    assert torch.equal(ragged.kv_cache, ref.kv_cache)

@@ -130,21 +130,80 @@ def test_tensor_core_decode_matches_reference(device: torch.device) -> None:
     assert err < TOLERANCE, f"tensor-core decode: relative error {err:.3e}"
 
 
+def packed_step(
+    meta: AttentionMetadata, heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as strided views of one packed qkv (as the attention layer hands them over) and a random
+    cache holding k and v at the step's slots. Returns (q, k, v, kv_cache)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    qkv = torch.randn(meta.num_tokens, (heads + 2 * kv_heads) * HEAD_DIM, generator=gen, device=device, dtype=dtype)
+    q, k, v = qkv.view(meta.num_tokens, heads + 2 * kv_heads, HEAD_DIM).split((heads, kv_heads, kv_heads), dim=1)
+    kv_cache = torch.randn(NUM_PAGES, 2, PAGE_SIZE, kv_heads, HEAD_DIM, generator=gen, device=device, dtype=dtype)
+    slots = meta.slot_mapping
+    kv_cache[slots // PAGE_SIZE, 0, slots % PAGE_SIZE] = k
+    kv_cache[slots // PAGE_SIZE, 1, slots % PAGE_SIZE] = v
+    return q, k, v, kv_cache
+
+
 def test_ragged_prefill_matches_reference(device: torch.device) -> None:
     heads, kv_heads = HEADS[0]
     meta = build_meta(PREFILL_NO_PREFIX, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(4), True)
-    q, kv_cache = random_inputs(meta, heads, kv_heads, torch.bfloat16, device, seed=3)
-    # This step's k/v, gathered from where the layer wrote them.
-    slots = meta.slot_mapping
-    k = kv_cache[slots // PAGE_SIZE, 0, slots % PAGE_SIZE]
-    v = kv_cache[slots // PAGE_SIZE, 1, slots % PAGE_SIZE]
+    q, k, v, kv_cache = packed_step(meta, heads, kv_heads, torch.bfloat16, device, seed=3)
     backend = make_backend(heads, kv_heads, torch.bfloat16, device, ragged_prefill=True)
     backend.plan(meta)
     with pytest.raises(ValueError, match="needs this step's k and v"):
         backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5)
-    out = backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5, k=k, v=v)
+    # The cache is not read: poison it.
+    out = backend.forward(q, torch.full_like(kv_cache, float("nan")), 0, HEAD_DIM**-0.5, k=k, v=v)
     err = rel_err(out, ref_attention(q, kv_cache, meta))
     assert err < TOLERANCE, f"ragged prefill: relative error {err:.3e}"
+
+
+def test_ragged_plan_is_reused_for_the_same_lengths(device: torch.device) -> None:
+    """A ragged plan depends only on the sequence lengths: a second step with the same lengths (new tokens,
+    other pages) skips FlashInfer's plan and is still right; other lengths plan again."""
+    heads, kv_heads = HEADS[0]
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device, ragged_prefill=True)
+    for i, (seqs, plans) in enumerate([(PREFILL_NO_PREFIX, 1), (PREFILL_NO_PREFIX, 1), ([(0, 64), (0, 3)], 2)]):
+        meta = build_meta(seqs, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(30 + i), True)
+        q, k, v, kv_cache = packed_step(meta, heads, kv_heads, torch.bfloat16, device, seed=30 + i)
+        backend.plan(meta)
+        assert backend.plans == plans, f"step {i}"
+        err = rel_err(backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5, k=k, v=v), ref_attention(q, kv_cache, meta))
+        assert err < TOLERANCE, f"step {i}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("seqs", [PREFILL_WITH_PREFIX, DECODE], ids=["prefill_prefix", "decode"])
+def test_ragged_backend_reads_the_cache_when_there_is_a_prefix(device: torch.device, seqs: list) -> None:
+    """With ragged prefill enabled, a step with cached prefixes (or a decode) still attends over the pages;
+    the k and v it is handed (this step's only) are ignored."""
+    heads, kv_heads = HEADS[0]
+    meta = build_meta(seqs, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(7), seqs is not DECODE)
+    q, k, v, kv_cache = packed_step(meta, heads, kv_heads, torch.bfloat16, device, seed=8)
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device, ragged_prefill=True)
+    backend.plan(meta)
+    err = rel_err(backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5, k=k, v=v), ref_attention(q, kv_cache, meta))
+    assert err < TOLERANCE, f"{seqs}: relative error {err:.3e}"
+
+
+def test_paged_prefill_launches_no_fill_kernel(device: torch.device) -> None:
+    """FlashInfer zero-fills the output it allocates; the backend hands it an empty one (every row is
+    written), so the forward launches the attention kernel only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    heads, kv_heads = HEADS[0]
+    meta = build_meta(PREFILL_WITH_PREFIX, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(9), True)
+    q, kv_cache = random_inputs(meta, heads, kv_heads, torch.bfloat16, device, seed=9)
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device)
+    backend.plan(meta)
+    backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5)
+    names = {e.key for e in prof.key_averages()}
+    assert not names & {"aten::zeros", "aten::zero_", "aten::fill_"}, sorted(names)
+    err = rel_err(out, ref_attention(q, kv_cache, meta))
+    assert err < TOLERANCE, f"paged prefill: relative error {err:.3e}"
 
 
 def test_wrong_scale_is_refused(device: torch.device) -> None:

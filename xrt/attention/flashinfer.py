@@ -1,7 +1,8 @@
-"""FlashInfer (0.6.14) attention over the paged KV cache: decode, paged prefill (cached prefix or
-chunked, and by default every prefill), optional ragged prefill, and fixed-layout decode wrappers
-for CUDA-graph replay. flashinfer is imported when a backend is built, never at module import, so
-this file imports on CPU."""
+"""FlashInfer (0.6.14) attention over the paged KV cache: decode, paged prefill (a sequence with a cached
+prefix or an earlier chunk), ragged prefill (no sequence has KV before this step: attention reads this
+step's k/v straight from the packed qkv instead of gathering them back from the pages), and fixed-layout
+decode wrappers for CUDA-graph replay. flashinfer is imported when a backend is built, never at module
+import, so this file imports on CPU."""
 
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ class FlashInferBackend:
         self.device = torch.device(device)
         self.scale = 1.0 / math.sqrt(head_dim)
         self.ragged_prefill = ragged_prefill
+        # Programmatic dependent launch (Hopper+), decided once: FlashInfer would query the device on every run.
+        self.enable_pdl = torch.cuda.get_device_capability(self.device)[0] >= 9
         self.tensor_cores = use_tensor_cores(num_heads, num_kv_heads)
         # Zeroed: FlashInfer requires the float workspace be zero-initialised before its first use.
         self.workspace = torch.zeros(workspace_mb << 20, dtype=torch.uint8, device=self.device)
@@ -96,12 +99,16 @@ class FlashInferBackend:
         self._graph_decode: dict[int, Any] = {}
         self.graph_buffers: GraphDecodeBuffers | None = None
         self._active: Any = None
-        self._active_ragged = False
+        self._active_kind = ""
+        # qo_indptr of the ragged wrapper's current plan: a ragged plan depends on nothing else, so a step
+        # with the same sequence lengths (a benchmark's repeated prefill) reuses it.
+        self._ragged_plan_qo: torch.Tensor | None = None
+        self.plans = 0  # plan() calls that reached FlashInfer (tests count them)
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def _dtypes(self) -> dict[str, Any]:
-        return {"q_data_type": self.dtype, "kv_data_type": self.kv_dtype, "sm_scale": self.scale}
+    def _dtypes(self, kv_dtype: torch.dtype | None = None) -> dict[str, Any]:
+        return {"q_data_type": self.dtype, "kv_data_type": kv_dtype or self.kv_dtype, "sm_scale": self.scale}
 
     def plan(self, meta: AttentionMetadata) -> None:
         if meta.page_size != self.page_size:
@@ -112,23 +119,28 @@ class FlashInferBackend:
                 meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, h, kv, d, self.page_size,
                 **self._dtypes(),
             )
-            self._set_active(self._decode, ragged=False)
+            self.plans += 1
+            self._set_active(self._decode, "paged")
         elif self._ragged_prefill is not None and not meta.has_prefix:
-            # No cached prefix: the KV of each sequence is exactly this step's k/v, CSR as the queries.
-            self._ragged_prefill.plan(
-                meta.qo_indptr_host, meta.qo_indptr_host, h, kv, d, causal=True, **self._dtypes()
-            )
-            self._set_active(self._ragged_prefill, ragged=True)
+            # No cached prefix: each sequence's KV is exactly this step's k/v, CSR as the queries. They come
+            # from qkv in the activation dtype, whatever the cache's dtype.
+            qo = meta.qo_indptr_host
+            if self._ragged_plan_qo is None or not torch.equal(self._ragged_plan_qo, qo):
+                self._ragged_prefill.plan(qo, qo, h, kv, d, causal=True, **self._dtypes(self.dtype))
+                self._ragged_plan_qo = qo.clone()
+                self.plans += 1
+            self._set_active(self._ragged_prefill, "ragged")
         else:
             self._paged_prefill.plan(
                 meta.qo_indptr_host, meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host,
                 h, kv, d, self.page_size, causal=True, **self._dtypes(),
             )
-            self._set_active(self._paged_prefill, ragged=False)
+            self.plans += 1
+            self._set_active(self._paged_prefill, "paged_prefill")
 
-    def _set_active(self, wrapper: Any, ragged: bool) -> None:
+    def _set_active(self, wrapper: Any, kind: str) -> None:
         self._active = wrapper
-        self._active_ragged = ragged
+        self._active_kind = kind
 
     # -- CUDA-graph decode ------------------------------------------------------------------------
 
@@ -163,7 +175,8 @@ class FlashInferBackend:
             kv_indptr_host, kv_indices, kv_last_page_len_host,
             self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **self._dtypes(),
         )
-        self._set_active(wrapper, ragged=False)
+        self.plans += 1
+        self._set_active(wrapper, "paged")
 
     # -- forward ----------------------------------------------------------------------------------
 
@@ -176,13 +189,18 @@ class FlashInferBackend:
         k: torch.Tensor | None = None,
         v: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self._active is None:
+        kind = self._active_kind
+        if not kind:
             raise RuntimeError("FlashInferBackend.forward called before plan()")
-        if not math.isclose(scale, self.scale, rel_tol=1e-6):
+        if scale != self.scale and not math.isclose(scale, self.scale, rel_tol=1e-6):
             # The softmax scale is fixed at plan time (it is baked into CUDA graphs too).
             raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
-        if self._active_ragged:
+        if kind == "ragged":
             if k is None or v is None:
                 raise ValueError("ragged prefill needs this step's k and v (forward(..., k=, v=))")
-            return self._active.run(q, k, v)
-        return self._active.run(q, kv_cache)
+            return self._active.run(q, k, v, enable_pdl=self.enable_pdl)
+        if kind == "paged_prefill":
+            # FlashInfer would zero-fill its own output (one extra kernel per layer); every row is written.
+            out = torch.empty(q.shape, dtype=self.dtype, device=q.device)
+            return self._active.run(q, kv_cache, out=out, enable_pdl=self.enable_pdl)
+        return self._active.run(q, kv_cache, enable_pdl=self.enable_pdl)

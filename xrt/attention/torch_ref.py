@@ -16,7 +16,16 @@ class TorchRefBackend:
     def plan(self, meta: AttentionMetadata) -> None:
         self._meta = meta
 
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer_idx: int,
+        scale: float,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """k and v are ignored: the reference always reads the paged cache."""
         meta = self._meta
         if meta is None:
             raise RuntimeError("TorchRefBackend.forward called before plan()")

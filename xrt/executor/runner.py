@@ -112,6 +112,8 @@ class ModelRunner:
                 self.dtype,
                 self.device,
                 self.cfg.executor.workspace_mb,
+                # A prefill without cached prefixes attends over this step's k/v, not the pages.
+                ragged_prefill=True,
             )
         except ImportError as e:  # also FlashInferUnavailable: no flashinfer, or a dtype/head_dim it lacks
             print(f"[xrt] attention: torch reference backend ({e})", file=sys.stderr, flush=True)

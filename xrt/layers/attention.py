@@ -1,5 +1,6 @@
 """Self-attention over the paged KV cache. The layer writes this step's K/V into its cache
-(`store_kv`) and calls whichever backend the executor put in the forward context."""
+(`store_kv`) and calls whichever backend the executor put in the forward context, handing it this
+step's k and v too (a backend may attend over them directly when no sequence has a cached prefix)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
         store_kv(k, v, self.kv_cache, get_forward_context().meta.slot_mapping)
-        return self.attend(q)
+        return self.attend(q, k, v)
 
-    def attend(self, q: torch.Tensor) -> torch.Tensor:
-        """Attention over the cache, which already holds this step's K/V."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention over the cache, which already holds this step's K/V (k and v: the same values)."""
         ctx = get_forward_context()
-        return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale)
+        return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale, k, v)
 
 
 class QKNormSelfAttention(nn.Module):
@@ -67,9 +68,12 @@ class QKNormSelfAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        ctx = get_forward_context()
+        attn = self.attn
         qkv = self.qkv_proj(hidden)
-        slots = get_forward_context().meta.slot_mapping
         qk_norm_rope_store_kv(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
-                              self.attn.kv_cache, slots, h, kv, d, self.eps)
-        out = self.attn.attend(qkv[:, : h * d].view(t, h, d))
+                              attn.kv_cache, ctx.meta.slot_mapping, h, kv, d, self.eps)
+        # Strided views of the packed, now normalised and rotated, qkv: no copies.
+        q, k, v = qkv.view(t, h + 2 * kv, d).split((h, kv, kv), dim=1)
+        out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v)
         return self.o_proj(out.reshape(t, h * d))
