@@ -1,0 +1,180 @@
+"""The skinny-GEMM kernel (xrt.kernels.gemv) against x.float() @ w.float().T: picked and candidate configs,
+split-K, odd shapes, out= and leading dims, and replay inside a CUDA graph.
+
+The check_* functions are device-agnostic so tests/test_gemv_interpret.py runs them on CPU under
+TRITON_INTERPRET=1; the kernel module is imported inside them, so collecting this file never imports triton."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import pytest
+import torch
+
+# Max |out - ref| / max |ref|; ref is the fp32 product, out is rounded once to the dtype (1 ulp of bf16 is
+# ~8e-3 of a value; the interpreter rounds toward zero).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Qwen3-0.6B linear layers, (N, K): qkv, o_proj, gate_up, down, lm_head.
+QWEN3_06B = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
+             "lm_head": (151936, 1024)}
+
+
+def gemv_module() -> ModuleType:
+    return importlib.import_module("xrt.kernels.gemv")
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().cpu().float(), ref.detach().cpu().float()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all(), "kernel produced non-finite values"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def inputs(M: int, N: int, K: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    # Nonzero mean: a dropped or duplicated K chunk shifts every output, not just its noise.
+    x = (torch.randn(M, K, generator=gen) + 0.5).to(dtype)
+    w = (torch.randn(N, K, generator=gen) * K ** -0.5).to(dtype)
+    return x, w
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.cpu().float() @ w.cpu().float().T
+
+
+def check_gemv(device: torch.device, dtype: torch.dtype, M: int, N: int, K: int, config: object = None,
+               seed: int = 0) -> None:
+    x, w = inputs(M, N, K, dtype, seed)
+    out = gemv_module().gemv(x.to(device), w.to(device), config=config)
+    assert out.dtype == dtype and out.shape == (M, N) and out.device.type == torch.device(device).type
+    err = rel_err(out, reference(x, w))
+    assert err < TOLERANCE[dtype], f"gemv {dtype} M={M} N={N} K={K} {config}: relative error {err:.3e}"
+
+
+def check_split_k_repeats(device: torch.device, dtype: torch.dtype) -> None:
+    """Split-K twice with the same counters (they must reset), more than one M tile, K not a multiple of the
+    split range, for both the FMA and the dot path."""
+    g = gemv_module()
+    for cfg in (g.GemvConfig(2, 8, 64, 2, split_k=3), g.GemvConfig(16, 16, 32, 4, split_k=4, use_dot=True)):
+        for seed in (1, 2):
+            check_gemv(device, dtype, 17, 24, 300, cfg, seed)
+    for counters in (c for bufs in g._counters.values() for c in bufs):
+        assert int(counters.abs().sum()) == 0, "split-K arrival counters were not reset"
+
+
+def check_out_and_leading_dims(device: torch.device, dtype: torch.dtype) -> None:
+    g = gemv_module()
+    x, w = inputs(6, 24, 80, dtype, seed=3)
+    ref = reference(x, w)
+    # Leading dims are flattened like F.linear.
+    out = g.gemv(x.view(2, 3, 80).to(device), w.to(device))
+    assert out.shape == (2, 3, 24)
+    assert rel_err(out.reshape(6, 24), ref) < TOLERANCE[dtype]
+    # Rows of a wider buffer: the gap columns stay untouched.
+    buf = torch.full((6, 32), 7.0, dtype=dtype, device=device)
+    ret = g.gemv(x.to(device), w.to(device), out=buf[:, :24])
+    assert ret.data_ptr() == buf.data_ptr()
+    assert rel_err(buf[:, :24], ref) < TOLERANCE[dtype]
+    assert torch.all(buf[:, 24:].cpu() == 7.0)
+    # Strided x rows (a column slice) and a one-row x view with an arbitrary row stride.
+    wide = torch.cat([x, x], dim=1).to(device)
+    assert rel_err(g.gemv(wide[:, 80:], w.to(device)), ref) < TOLERANCE[dtype]
+    assert rel_err(g.gemv(wide[2:3, :80], w.to(device)), ref[2:3]) < TOLERANCE[dtype]
+
+
+def check_edge_cases(device: torch.device) -> None:
+    g = gemv_module()
+    w = torch.randn(5, 8, device=device)
+    assert g.gemv(torch.randn(0, 8, device=device), w).shape == (0, 5)
+    zero_k = g.gemv(torch.randn(3, 0, device=device), torch.randn(5, 0, device=device))
+    assert zero_k.shape == (3, 5) and torch.all(zero_k.cpu() == 0)
+    with pytest.raises(ValueError, match=r"gemv x: expected \[\.\.\., 8\]"):
+        g.gemv(torch.randn(2, 7, device=device), w)
+    with pytest.raises(ValueError, match="gemv w: expected"):
+        g.gemv(torch.randn(2, 5, device=device), w.T)
+    with pytest.raises(ValueError, match="share dtype"):
+        g.gemv(torch.randn(2, 8, device=device, dtype=torch.float16), w)
+    with pytest.raises(ValueError, match="gemv out: expected shape"):
+        g.gemv(torch.randn(2, 8, device=device), w, out=torch.empty(2, 4, device=device))
+    with pytest.raises(ValueError, match="block_n: expected a power of two"):
+        g.gemv(torch.randn(2, 8, device=device), w, config=g.GemvConfig(1, 3, 8))
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        g.gemv(torch.randn(2, 8, device=device), w, config=g.GemvConfig(8, 4, 8))
+    with pytest.raises(ValueError, match=">= 16"):
+        g.gemv(torch.randn(2, 8, device=device), w, config=g.GemvConfig(16, 8, 16, use_dot=True))
+
+
+# ---------------------------------------------------------------- GPU tests (tests/gpu/conftest.py: `device`)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layer", sorted(QWEN3_06B))
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 16, 33])
+def test_picked_config_on_model_shapes(device: torch.device, dtype: torch.dtype, layer: str, M: int) -> None:
+    check_gemv(device, dtype, M, *QWEN3_06B[layer])
+
+
+@pytest.mark.parametrize("layer", sorted(QWEN3_06B))
+@pytest.mark.parametrize("M", [1, 4, 8])
+def test_every_candidate_config_is_correct(device: torch.device, layer: str, M: int) -> None:
+    """scripts/bench_gemv.py times these; a wrong one must not win."""
+    N, K = QWEN3_06B[layer]
+    for cfg in gemv_module().candidate_configs(M, N, K):
+        check_gemv(device, torch.bfloat16, M, N, K, cfg)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 37, 100), (3, 70, 129), (7, 33, 1000), (17, 50, 70),
+                                   (100, 300, 200)], ids=str)
+def test_odd_shapes(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int]) -> None:
+    check_gemv(device, dtype, *shape)
+
+
+def test_split_k_repeats(device: torch.device) -> None:
+    check_split_k_repeats(device, torch.bfloat16)
+
+
+def test_out_and_leading_dims(device: torch.device) -> None:
+    check_out_and_leading_dims(device, torch.bfloat16)
+
+
+def test_edge_cases(device: torch.device) -> None:
+    check_edge_cases(device)
+
+
+def test_matches_torch_linear_bf16(device: torch.device) -> None:
+    """Against cuBLAS in bf16 too (what the layers use today), at decode batch sizes."""
+    for M in (1, 4, 16):
+        for N, K in QWEN3_06B.values():
+            x, w = inputs(M, N, K, torch.bfloat16, seed=M)
+            x, w = x.to(device), w.to(device)
+            err = rel_err(gemv_module().gemv(x, w), torch.nn.functional.linear(x, w))
+            assert err < 1e-2, f"M={M} N={N} K={K}: relative error to F.linear {err:.3e}"
+
+
+def test_replays_in_a_cuda_graph_after_warmup(device: torch.device) -> None:
+    """Plain, FMA split-K and dot split-K launches captured once, replayed on fresh inputs: outputs track the
+    inputs and the split-K counters reset on every replay."""
+    g = gemv_module()
+    dtype = torch.bfloat16
+    cases = [(1, *QWEN3_06B["qkv"], None), (3, *QWEN3_06B["down"], g.GemvConfig(4, 2, 1024, 4, split_k=3)),
+             (8, *QWEN3_06B["o_proj"], g.GemvConfig(16, 32, 256, 4, split_k=8, use_dot=True, num_stages=3))]
+    static = [(torch.zeros(M, K, dtype=dtype, device=device), inputs(M, N, K, dtype)[1].to(device), cfg)
+              for M, N, K, cfg in cases]
+    g.warmup_gemv([(w.shape[0], w.shape[1]) for _, w, _ in static], [1, 3, 8], dtype, device)
+    for x, w, cfg in static:
+        g.gemv(x, w, config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [g.gemv(x, w, config=cfg) for x, w, cfg in static]
+    for seed in range(3):
+        for i, (x, _, _) in enumerate(static):
+            x.copy_(inputs(x.shape[0], 1, x.shape[1], dtype, seed=10 * seed + i)[0].to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        for (x, w, cfg), out in zip(static, outs, strict=True):
+            err = rel_err(out, reference(x, w))
+            assert err < TOLERANCE[dtype], f"replay {seed} M={x.shape[0]} {cfg}: relative error {err:.3e}"

@@ -1,0 +1,126 @@
+"""The skinny-GEMM kernel on CPU under TRITON_INTERPRET=1, through the checks of tests/gpu/test_gemv.py on
+shapes small enough for the interpreter (it runs each program in Python), plus the config heuristic on the
+Qwen3-0.6B shapes. Skipped without triton and on CUDA machines (tests/gpu runs the compiled kernel)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/gpu/test_gemv.py covers the compiled kernel", allow_module_level=True)
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+# triton.jit picks the interpreter at decoration time: the variable must be set before triton is first
+# imported. If another test already imported it, rerun this file in a subprocess.
+_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
+in_process = pytest.mark.skipif(not _IN_PROCESS, reason="triton already imported; run by test_in_subprocess")
+if _IN_PROCESS:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _load_checks() -> ModuleType:
+    path = Path(__file__).parent / "gpu" / "test_gemv.py"
+    spec = importlib.util.spec_from_file_location("xrt_gemv_checks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _load_checks()
+CPU = torch.device("cpu")
+
+
+@in_process
+@pytest.mark.parametrize("dtype", checks.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 37, 100), (2, 24, 1024), (3, 70, 129), (4, 9, 2048),
+                                   (5, 33, 48), (16, 40, 100), (17, 50, 70), (70, 65, 33)], ids=str)
+def test_picked_config(dtype: torch.dtype, shape: tuple[int, int, int]) -> None:
+    checks.check_gemv(CPU, dtype, *shape)
+
+
+# Explicit configs on odd shapes: every row count of the FMA path, K tails, split-K on both paths, and more
+# M tiles than one.
+CONFIGS = [
+    ("fma m1", (1, 8, 64, 2), (1, 19, 300)),
+    ("fma m2 n1", (2, 1, 128, 1), (3, 5, 129)),
+    ("fma m4", (4, 4, 256, 1), (7, 13, 1000)),
+    ("fma m4 k-tail split", (4, 4, 64, 2, 4), (4, 21, 250)),
+    ("fma m1 split", (1, 8, 512, 2, 2), (1, 64, 2048)),
+    ("dot", (16, 16, 32, 4, 1, True), (5, 40, 100)),
+    ("dot m-tiles", (16, 32, 64, 4, 1, True), (33, 70, 64)),
+    ("dot split", (16, 16, 64, 4, 3, True), (9, 24, 192)),
+]
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("name", "cfg", "shape"), CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_explicit_config(dtype: torch.dtype, name: str, cfg: tuple, shape: tuple[int, int, int]) -> None:
+    checks.check_gemv(CPU, dtype, *shape, config=checks.gemv_module().GemvConfig(*cfg))
+
+
+@in_process
+def test_split_k_repeats_and_resets_counters() -> None:
+    checks.check_split_k_repeats(CPU, torch.float32)
+
+
+@in_process
+def test_out_and_leading_dims() -> None:
+    checks.check_out_and_leading_dims(CPU, torch.float32)
+
+
+@in_process
+def test_edge_cases() -> None:
+    checks.check_edge_cases(CPU)
+
+
+@in_process
+def test_warmup_runs_each_picked_config() -> None:
+    checks.gemv_module().warmup_gemv([(24, 64), (8, 40)], [1, 3, 8], torch.bfloat16, CPU)
+
+
+def test_pick_config_on_model_shapes() -> None:
+    """The heuristic's configs are valid and, for Qwen3-0.6B at decode batch sizes, fill an H200 (>= 2 programs
+    per SM), keep the FMA x/w layouts shared (K step 256 * warps), fit the FMA register budget, and split K
+    only into even, non-empty parts."""
+    g = checks.gemv_module()
+    for N, K in checks.QWEN3_06B.values():
+        for M in range(1, 17):
+            cfg = g.pick_config(M, N, K)
+            g.check_config(cfg)
+            programs = -(-M // cfg.block_m) * -(-N // cfg.block_n) * cfg.split_k
+            assert programs >= 256, (M, N, K, cfg, programs)
+            assert K % (cfg.split_k * cfg.block_k) == 0, (M, N, K, cfg)
+            if M <= 4:
+                assert not cfg.use_dot and cfg.block_m >= M and cfg.block_k == 256 * cfg.num_warps, cfg
+                assert g._fma_fits(cfg, K), cfg
+            else:
+                assert cfg.use_dot and cfg.block_m == 16, cfg
+
+
+def test_candidates_are_valid_and_distinct() -> None:
+    g = checks.gemv_module()
+    for N, K in checks.QWEN3_06B.values():
+        for M in (1, 2, 4, 8, 16):
+            cands = g.candidate_configs(M, N, K)
+            assert cands[0] == g.pick_config(M, N, K)
+            assert len(set(cands)) == len(cands) >= 4
+            for cfg in cands:
+                g.check_config(cfg)
+                assert cfg.use_dot or g._fma_fits(cfg, K), cfg
+
+
+@pytest.mark.skipif(_IN_PROCESS, reason="runs in process")
+def test_in_subprocess() -> None:
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
