@@ -9,7 +9,9 @@ this is the launch time of every kernel), logits, and the whole step with a sync
 - GPU time of the forward (CUDA events) beside its host time: host > GPU means launches are the bottleneck;
 - the cost of one call of each xrt op through its Python entry point vs its implementation called directly;
 - CPU time of the process's other threads and time spent in Python's garbage collector during the timed
-  steps (a busy background thread or long collections slow every launch of the main thread);
+  steps (a busy background thread or long collections slow every launch of the main thread), and a fixed
+  pure-Python loop and one small kernel launch timed before and after building the runner (slower after:
+  the process's state, e.g. captured graphs or a busy thread, slows the CPU or the driver for everything);
 - with --profile, the torch profiler's top ops by self CPU time.
 Run it once per executor (`executor=cudagraph` builds the CUDA-graph runner, capture included) and compare
 the per-layer host times: the prefill code path is the same, so a difference is process state."""
@@ -21,6 +23,7 @@ import gc
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -88,6 +91,27 @@ class GcTimer:
         else:
             self.seconds += time.perf_counter() - self._start
             self.collections[info["generation"]] += 1
+
+
+def python_loop_us() -> float:
+    """A fixed pure-Python workload (best of 5): slower after the runner is built means the CPU itself is
+    slower for this thread (contention, frequency), not anything torch or CUDA does per call."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(100_000):
+            acc += i & 7
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def launch_us(device: torch.device) -> float:
+    """Host time of one small torch kernel launch (best of 5 blocks); 0 without CUDA."""
+    if device.type != "cuda":
+        return 0.0
+    x = torch.zeros(16, device=device)
+    return call_cost_us(x.add_, (1.0,), device, 1000)
 
 
 def median_us(xs: list[float]) -> float:
@@ -189,6 +213,8 @@ def main() -> None:
     cfg.bench.output_len = 1
     cfg = bench_config(cfg)
 
+    probe_device = torch.device("cuda" if cuda and cfg.device.value != "cpu" else "cpu")
+    loop_before, launch_before = python_loop_us(), launch_us(probe_device)
     t0 = time.perf_counter()
     runner = build_runner(cfg)
     print(f"[prefill_overhead] {type(runner).__name__} on {runner.device} ({runner.dtype}), built in "
@@ -199,6 +225,7 @@ def main() -> None:
         time_steps(runner, [prefill_step(runner, args.batch, input_len, rng)])
     steps = [prefill_step(runner, args.batch, input_len, rng) for _ in range(args.iters)]
 
+    loop_after, launch_after = python_loop_us(), launch_us(probe_device)
     gc_timer = GcTimer()
     gc.callbacks.append(gc_timer)
     threads_before = thread_cpu_seconds()
@@ -228,7 +255,9 @@ def main() -> None:
     print(f"  timed steps: wall {wall * 1e3:.1f} ms, main thread CPU {main_cpu * 1e3:.0f} ms; "
           f"other threads: {', '.join(busy) or 'idle'}")
     print(f"  garbage collector: {gc_timer.seconds * 1e3:.2f} ms in {gc_timer.collections} collections "
-          f"(gen 0/1/2)")
+          f"(gen 0/1/2); Python threads: {', '.join(t.name for t in threading.enumerate())}")
+    print(f"  before / after building the runner: pure-Python loop {loop_before:.0f} / {loop_after:.0f} us, "
+          f"one torch kernel launch {launch_before:.2f} / {launch_after:.2f} us")
 
     print("one op call, host time (us): Python entry point vs implementation called directly")
     for name, entry, impl in op_call_costs(runner.device, runner.dtype):
@@ -245,8 +274,6 @@ def main() -> None:
 
 
 def threading_main_tid() -> int:
-    import threading
-
     return threading.main_thread().native_id or os.getpid()
 
 
