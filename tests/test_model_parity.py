@@ -261,3 +261,20 @@ def test_init_dummy_is_deterministic_with_unit_norms() -> None:
         else:
             assert not torch.equal(pa, pc), name
             assert 0.015 < pa.std().item() < 0.025, name
+
+
+def test_linear_layers_match_f_linear_and_follow_replaced_weights() -> None:
+    """The linear layers multiply by a cached transposed view of the weight: bitwise F.linear, for 2-D and
+    3-D inputs, and still right after the parameter's storage is replaced (or updated in place)."""
+    from xrt.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    torch.manual_seed(0)
+    for layer in (ColumnParallelLinear(16, 24, torch.float32, "cpu"), RowParallelLinear(16, 24, torch.float32, "cpu")):
+        layer.weight.data.normal_()
+        x = torch.randn(5, 16)
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
+        assert torch.equal(layer(x.view(5, 1, 16)), torch.nn.functional.linear(x, layer.weight).view(5, 1, 24))
+        layer.weight.data.mul_(2)
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
+        layer.weight.data = torch.randn(24, 16)
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
