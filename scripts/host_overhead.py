@@ -1,7 +1,10 @@
 """Host cost of one decode step, on CPU, without a model: LLMEngine.step() against a stand-in runner
-that returns preset logits at once, so everything measured is engine + staging work that a GPU step
-would have to hide. Also times the CUDA-graph runner's host staging (stage_decode) on the steps the
-engine builds. A profiling tool, not a test. Usage:
+that returns preset results at once, so everything measured is engine + staging work that a GPU step
+would have to hide. Two stand-ins: `execute` returns preset logits (the eager runner's interface; the
+CUDA-graph runner's own staging, stage_decode, is timed beside it on the steps the engine builds) and
+`launch` takes greedy decode launches staged by the engine (the CUDA-graph runner's overlapped
+interface; its staging is inside the step). Neither counts the runner's torch/FlashInfer work
+(upload, plan, replay). A profiling tool, not a test. Usage:
     PYTHONPATH=. python scripts/host_overhead.py [--batch 1 8 100] [--context 1024] [--steps 200] [--profile 25]
 """
 
@@ -21,6 +24,7 @@ import torch
 from xrt.config import CacheArgs, Device, ModelArgs, SamplingArgs, SchedulerArgs, XrtConfig
 from xrt.engine.engine import LLMEngine
 from xrt.executor.cudagraph import stage_decode
+from xrt.executor.prepare import DecodeStaging
 from xrt.executor.step import StepInput
 
 PAGE_SIZE = 16
@@ -49,10 +53,35 @@ class InstantRunner:
         return self.logits[:rows]
 
 
-def make_engine(batch: int, context: int, steps: int) -> tuple[LLMEngine, InstantRunner]:
+class PresetTokens:
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+
+class InstantLauncher(InstantRunner):
+    """Also takes greedy decode launches (the CUDA-graph runner's interface): the engine stages
+    them into numpy arrays; the tokens come back preset."""
+
+    def __init__(self, num_pages: int, max_model_len: int) -> None:
+        super().__init__(num_pages, max_model_len)
+        self.decode_capacity = 128
+        self.staging = DecodeStaging.zeros(128, -(-(max_model_len + 1) // PAGE_SIZE))
+        self.preset = [PresetTokens(list(range(n))) for n in range(129)]
+
+    def decode_staging(self) -> DecodeStaging:
+        return self.staging
+
+    def launch_decode(self, n: int, after: PresetTokens | None) -> PresetTokens:
+        return self.preset[n]
+
+
+def make_engine(batch: int, context: int, steps: int, mode: str) -> tuple[LLMEngine, InstantRunner]:
     max_model_len = context + steps + 64
     pages = batch * -(-max_model_len // PAGE_SIZE) + 16
-    runner = InstantRunner(pages, max_model_len)
+    runner = (InstantLauncher if mode == "launch" else InstantRunner)(pages, max_model_len)
     cfg = XrtConfig(
         model=ModelArgs(vocab_size=VOCAB, max_model_len=max_model_len),
         cache=CacheArgs(page_size=PAGE_SIZE, num_pages=pages, prefix_caching=True),
@@ -102,16 +131,19 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--profile", type=int, default=25, help="rows of the cProfile table per batch (0: none)")
+    ap.add_argument("--mode", choices=["execute", "launch"], nargs="+", default=["execute", "launch"])
     args = ap.parse_args()
     print(f"host microseconds per decode step (context {args.context}, page {PAGE_SIZE}, {args.steps} steps)")
-    print(f"{'batch':>5} {'step med':>8} {'step min':>8} {'stage_decode':>12}")
+    print(f"{'runner':>8} {'batch':>5} {'step med':>8} {'step min':>8} {'stage_decode':>12}")
     profiles = []
-    for batch in args.batch:
-        engine, runner = make_engine(batch, args.context, 2 * args.steps)
+    for mode, batch in [(m, b) for m in args.mode for b in args.batch]:
+        engine, runner = make_engine(batch, args.context, 2 * args.steps, mode)
         times = time_steps(engine, args.steps)
-        assert runner.last_decode is not None and len(runner.last_decode.seqs) == batch
-        stage = time_stage_decode(runner.last_decode, engine.max_model_len, 200)
-        print(f"{batch:>5} {us(statistics.median(times))} {us(min(times))} {us(stage):>12}")
+        stage = "(in step)"
+        if mode == "execute":
+            assert runner.last_decode is not None and len(runner.last_decode.seqs) == batch
+            stage = us(time_stage_decode(runner.last_decode, engine.max_model_len, 200))
+        print(f"{mode:>8} {batch:>5} {us(statistics.median(times))} {us(min(times))} {stage:>12}")
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -119,7 +151,8 @@ def main() -> None:
             prof.disable()
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
-            profiles.append(f"== batch {batch}: cProfile over {args.steps} steps, by own time ==\n{buf.getvalue()}")
+            title = f"== {mode} batch {batch}: cProfile over {args.steps} steps, by own time =="
+            profiles.append(f"{title}\n{buf.getvalue()}")
     for p in profiles:
         print(p)
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 from array import array
 
 import pytest
@@ -173,3 +174,41 @@ def test_taking_from_an_empty_pool_is_an_error_not_corruption() -> None:
     bm.allocate(make_seq([1, 2, 3]))
     with pytest.raises(RuntimeError, match="no free KV page"):
         bm.allocate(make_seq([4, 5], request_id=1))
+
+
+def test_numpy_page_tables_follow_every_allocation_append_and_free() -> None:
+    """The rows a decode step gathers its page tables from match the page-table lists, through
+    prefix hits, growth past the mirror's width, pending (in-flight) tokens and reuse of rows."""
+    bm = BlockManager(num_pages=400, page_size=PS, prefix_caching=True)
+    rng = random.Random(0)
+    live: list[Sequence] = []
+
+    def check() -> None:
+        rows = [s.table_row for s in live]
+        assert len(set(rows)) == len(rows) and min(rows, default=0) >= 0
+        assert bm.page_tables.num_rows_in_use == len(live)  # freed rows are given back
+        for s in live:
+            assert bm.page_tables.table[s.table_row, : len(s.page_table)].tolist() == s.page_table
+
+    for i in range(120):
+        if live and rng.random() < 0.3:
+            bm.free(live.pop(rng.randrange(len(live))))
+        elif rng.random() < 0.5 or not live:
+            s = make_seq([rng.randrange(3) for _ in range(rng.randint(1, 30))], request_id=i)
+            if bm.can_allocate(s):
+                prefill(bm, s)
+                live.append(s)
+        else:
+            s = live[rng.randrange(len(live))]
+            s.num_pending_tokens = rng.randint(0, 2)
+            for _ in range(rng.randint(1, 70)):
+                if not bm.can_append(s):
+                    break
+                s.token_ids.append(rng.randrange(3))
+                bm.append(s)
+            assert len(s.page_table) == bm.pages_for(s.num_tokens + s.num_pending_tokens) or not bm.can_append(s)
+        check()
+    long = make_seq(list(range(300)), request_id=999)  # 75 pages: wider than the first table
+    prefill(bm, long)
+    live.append(long)
+    check()

@@ -1,5 +1,6 @@
 """The CUDA-graph executor's CPU-side behaviour: a clear error without CUDA, and the host staging of
-a decode step padded up to its bucket (the padding rows FlashInfer needs well-formed metadata for)."""
+a decode step padded up to its bucket (the padding rows FlashInfer needs well-formed metadata for),
+from a StepInput or from the engine's per-sequence arrays (overlapped decoding)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from xrt.attention.flashinfer import FlashInferUnavailable, unsupported_reason
 from xrt.config import Device, ExecutorArgs, ExecutorKind, XrtConfig
 from xrt.executor.cudagraph import CudaGraphRunner, stage_decode
+from xrt.executor.prepare import DecodeStaging, pad_decode_rows, stage_decode_rows
 from xrt.executor.step import SeqChunk, StepInput
 
 
@@ -82,3 +84,18 @@ def test_stage_decode_rejects_bad_chunks() -> None:
         stage_decode(StepInput(False, [SeqChunk([1], 8, [0, 1, 2])]), 4, 4, 2, tokens, indptr, last, indices)
     with pytest.raises(ValueError, match="do not fit bucket 1"):
         stage_decode(StepInput(False, [SeqChunk([1], 0, [0])] * 2), 1, 4, 2, tokens, indptr, last, indices)
+
+
+def test_stage_decode_rows_from_page_table_rows_then_padding() -> None:
+    st = DecodeStaging.zeros(8, 4)
+    st.rows.fill(77)
+    tables = np.array([[9, 0, 0], [3, 5, 6], [2, 8, 0], [7, 7, 7]], dtype=np.int32)
+    n = stage_decode_rows(st, 4, [11, 0, 13], [-1, 2, -1], [0, 4, 7], tables, [0, 1, 2])
+    pad_decode_rows(st, 3, 5)
+    assert n == 5
+    assert st.rows[:, :5].tolist() == [[11, 0, 13, 0, 0], [0, 4, 7, 0, 0], [36, 20, 35, -1, -1], [-1, 2, -1, -1, -1]]
+    assert st.kv_indptr[:6].tolist() == [0, 1, 3, 5, 5, 5]
+    assert st.kv_last_page_len[:5].tolist() == [1, 1, 4, 1, 1]
+    assert st.kv_indices[:n].tolist() == [9, 3, 5, 2, 8]
+    with pytest.raises(ValueError, match="position 12 needs 4 KV pages"):
+        stage_decode_rows(st, 4, [1], [-1], [12], tables, [3])

@@ -97,3 +97,12 @@ def test_temperature_sharpens_towards_argmax() -> None:
 def test_impossible_sampling_values_are_rejected(field: str, value: float, expected: str) -> None:
     with pytest.raises(ValueError, match=re.escape(expected)):
         SamplingArgs(**{field: value})
+
+
+def test_precomputed_argmax_is_used_for_greedy_rows_and_left_untouched() -> None:
+    logits = logits_rows(3)
+    given = torch.tensor([7, 8, 9])  # not the argmax: proves the sampler takes it as is
+    params = [SamplingArgs(), SamplingArgs(temperature=1.0), SamplingArgs()]
+    tokens = sample(logits, params, [None, gen(1), None], argmax=given)
+    assert tokens[0] == 7 and tokens[2] == 9 and tokens[1] != 8
+    assert given.tolist() == [7, 8, 9]

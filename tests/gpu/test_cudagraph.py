@@ -1,12 +1,15 @@
 """executor=cudagraph against executor=eager on the GPU: decode logits bit-identical step by step,
 greedy generations identical for the seed's batch sizes (odd ones pad up to a bucket) with
 sequences finishing at different steps, one reaching max_model_len, and batches above the largest
-bucket running eager. A tiny Qwen3 shape with head_dim 128 (FlashInfer's) and dummy bf16 weights."""
+bucket running eager. The engine decodes overlapped on the graph runner (launch_decode: a step
+takes its input tokens from the previous step's in-graph argmax); sampled requests step
+synchronously. A tiny Qwen3 shape with head_dim 128 (FlashInfer's) and dummy bf16 weights."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -139,3 +142,67 @@ def test_batches_above_the_largest_bucket_run_eager(llms: tuple[object, object])
     assert generations(small, prompts, sampling) == generations(eager, prompts, sampling)
     runner.execute(random_decode_step(9, random.Random(1)))
     assert runner.last_argmax is None  # ran eager: no in-graph argmax
+
+
+def test_engine_overlaps_decode_launches(llms: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    eager, graph = llms
+    runner = graph.engine.runner  # type: ignore[attr-defined]
+    chained: list[bool] = []
+    launch = runner.launch_decode
+
+    def counting(n: int, after: object) -> object:
+        chained.append(after is not None)
+        return launch(n, after)
+
+    monkeypatch.setattr(runner, "launch_decode", counting)
+    prompts, sampling = workload(8, seed=21)
+    assert generations(graph, prompts, sampling) == generations(eager, prompts, sampling)
+    assert sum(chained) > len(chained) // 2  # most launches took their tokens from the one before
+
+
+def test_sampled_and_greedy_requests_mixed_identical_to_eager(llms: tuple[object, object]) -> None:
+    eager, graph = llms
+    prompts, sampling = workload(7, seed=4)
+    sampling = [
+        SamplingArgs(temperature=0.8, top_k=50, seed=i, max_tokens=s.max_tokens, ignore_eos=True) if i % 2 else s
+        for i, s in enumerate(sampling)
+    ]
+    assert generations(graph, prompts, sampling) == generations(eager, prompts, sampling)
+
+
+def test_launched_step_takes_its_tokens_from_the_previous_launch(llms: tuple[object, object]) -> None:
+    """Two graph launches, the second reading its input tokens (in permuted rows) from the first's
+    in-graph argmax, against two eager steps fed through the host."""
+    from xrt.executor.prepare import stage_decode_rows
+    from xrt.executor.runner import ModelRunner
+
+    runner = llms[1].engine.runner  # type: ignore[attr-defined]
+    rng = random.Random(5)
+    batch = 5
+    pages = list(range(NUM_PAGES))
+    rng.shuffle(pages)
+    tables = np.zeros((batch, runner.max_pages_per_seq), dtype=np.int32)
+    positions = [rng.randrange(0, MAX_MODEL_LEN - 2) for _ in range(batch)]
+    tokens = [rng.randrange(4096) for _ in range(batch)]
+    for i, pos in enumerate(positions):
+        k = (pos + 1) // PAGE_SIZE + 1  # covers the second step too
+        tables[i, :k], pages = pages[:k], pages[k:]
+
+    def eager_step(ids: list[int], shift: int) -> list[int]:
+        rows = zip(ids, positions, tables.tolist(), strict=True)
+        seqs = [SeqChunk([t], p + shift, table) for t, p, table in rows]
+        return ModelRunner.execute(runner, StepInput(False, seqs)).argmax(dim=-1).tolist()
+
+    want1 = eager_step(tokens, 0)
+    want2 = eager_step(want1, 1)
+    st = runner.decode_staging()
+    stage_decode_rows(st, PAGE_SIZE, tokens, [-1] * batch, positions, tables, list(range(batch)))
+    first = runner.launch_decode(batch, None)
+    perm = [3, 0, 4, 1, 2]
+    st = runner.decode_staging()
+    stage_decode_rows(st, PAGE_SIZE, [0] * batch, perm, [positions[j] + 1 for j in perm], tables, perm)
+    second = runner.launch_decode(batch, first)
+    assert first.tokens() == want1
+    assert second.tokens() == [want2[j] for j in perm]
+    with pytest.raises(RuntimeError, match="not the previous forward pass"):
+        runner.launch_decode(batch, first)

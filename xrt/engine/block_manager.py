@@ -12,6 +12,7 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 
+from xrt.engine.page_tables import PageTables
 from xrt.engine.sequence import Sequence
 
 
@@ -40,6 +41,7 @@ class BlockManager:
         # Insertion-ordered: the front is the page freed longest ago, handed out first.
         self.free_pages: dict[int, None] = dict.fromkeys(range(num_pages))
         self.cached: dict[bytes, int] = {}
+        self.page_tables = PageTables()
 
     @property
     def num_pages(self) -> int:
@@ -91,23 +93,33 @@ class BlockManager:
         seq.page_hashes = list(hashes)
         for _ in range(self.pages_for(seq.num_tokens) - len(hits)):
             seq.page_table.append(self._take_free_page())
+        self.page_tables.assign(seq)
         seq.num_cached_tokens = len(hits) * self.page_size
         seq.num_computed_tokens = seq.num_cached_tokens
 
+    def needs_page(self, seq: Sequence) -> bool:
+        """Whether seq's next decode step opens a page (its tokens, those in flight included, fill its pages)."""
+        return seq.num_tokens + seq.num_pending_tokens > len(seq.page_table) * self.page_size
+
     def can_append(self, seq: Sequence) -> bool:
-        return self.pages_for(seq.num_tokens) <= len(seq.page_table) or self.num_free_pages > 0
+        return not self.needs_page(seq) or self.num_free_pages > 0
 
     def append(self, seq: Sequence) -> None:
-        """Ensures the pages cover every token of seq (the newest one is written next step)."""
-        while self.pages_for(seq.num_tokens) > len(seq.page_table):
+        """Ensures the pages cover every token of seq, those in flight included (the newest one is
+        written next step)."""
+        while self.pages_for(seq.num_tokens + seq.num_pending_tokens) > len(seq.page_table):
             seq.page_table.append(self._take_free_page())
+            self.page_tables.appended(seq)
 
-    def commit(self, seq: Sequence) -> None:
-        """Registers pages that became full and computed, so later prompts can reuse them."""
+    def commit(self, seq: Sequence, num_computed: int | None = None) -> None:
+        """Registers pages that became full and computed, so later prompts can reuse them.
+        num_computed: tokens whose KV is known computed (default seq.num_computed_tokens, which
+        also counts decode steps still in flight)."""
         if not self.prefix_caching:
             return
         ps = self.page_size
-        for i in range(len(seq.page_hashes), seq.num_computed_tokens // ps):
+        computed = seq.num_computed_tokens if num_computed is None else num_computed
+        for i in range(len(seq.page_hashes), computed // ps):
             chunk = seq.token_ids[i * ps : (i + 1) * ps]
             parent = seq.page_hashes[-1] if seq.page_hashes else None
             h = page_hash(parent, chunk)
@@ -126,6 +138,7 @@ class BlockManager:
             assert page.ref_count >= 0, f"page {pid} freed twice"
             if page.ref_count == 0:
                 self.free_pages[pid] = None
+        self.page_tables.release(seq)
         seq.page_table = []
         seq.page_hashes = []
         seq.num_computed_tokens = 0

@@ -28,3 +28,14 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset
         self.read_offset = len(ids)
         return delta
+
+    def flush(self, ids: list[int]) -> str:
+        """Everything after the text emitted so far, a trailing incomplete character included
+        (the sequence has ended, nothing will complete it)."""
+        prefix_text = self._decode(ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(ids[self.prefix_offset :])
+        if len(full_text) <= len(prefix_text):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(ids)
+        return full_text[len(prefix_text) :]

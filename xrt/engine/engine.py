@@ -1,10 +1,21 @@
-"""LLMEngine: requests in, one scheduled forward pass per `step()`, finished requests out."""
+"""LLMEngine: requests in, one scheduled forward pass per `step()`, finished requests out.
+
+Overlapped decoding: with a runner that launches greedy decode steps itself (`DecodeLauncher`, the
+CUDA-graph runner), a decode `step()` launches step N+1 before it reads step N's tokens back, so the
+device runs N+1 while the host does the bookkeeping of N (append, stop checks, finishing) and the
+caller's work until the next `step()`. Step N+1 takes its input tokens from step N's in-graph argmax
+on the device; its positions, slots and pages depend only on lengths. A sequence that finishes at
+step N (end-of-sequence, stop string) has a wasted row in step N+1 whose token is dropped. Whenever
+the next step cannot be predicted (prefill work, sampling, pages running out) the engine reads
+back what is in flight and steps synchronously."""
 
 from __future__ import annotations
 
 import itertools
 import os
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import attrs
@@ -15,9 +26,10 @@ from xrt.engine.block_manager import BlockManager
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
-from xrt.engine.sequence import Sequence
+from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
+from xrt.executor.prepare import DecodeStaging, stage_decode_rows
 from xrt.executor.step import StepInput
 
 Prompt = str | list[int]
@@ -33,6 +45,36 @@ class Runner(Protocol):
     checkpoint_dir: str | None
 
     def execute(self, step: StepInput) -> torch.Tensor: ...
+
+
+class PendingTokens(Protocol):
+    def tokens(self) -> list[int]:
+        """The launched step's greedy token per real row; waits for the device."""
+        ...
+
+
+class DecodeLauncher(Protocol):
+    """A runner that launches greedy decode steps itself and leaves their tokens on the device."""
+
+    decode_capacity: int  # most sequences one launch takes
+
+    def decode_staging(self) -> DecodeStaging:
+        """The host arrays of the next launch, once the previous launch no longer reads them."""
+        ...
+
+    def launch_decode(self, n: int, after: PendingTokens | None) -> PendingTokens:
+        """Launch the staged step of n sequences; `after`: the previous launch, whose tokens the
+        staged sources refer to."""
+        ...
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A decode step on the device whose tokens the host has not read yet."""
+
+    seqs: list[Sequence]
+    positions: list[int]  # the position each row fed
+    pending: PendingTokens
 
 
 def validate_sampling(sampling: SamplingArgs | dict[str, Any] | None, default: SamplingArgs) -> SamplingArgs:
@@ -82,6 +124,8 @@ class LLMEngine:
         block_manager = BlockManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
         self.scheduler = Scheduler(cfg.scheduler, block_manager, self.max_model_len)
         self._ids = itertools.count()
+        self._launcher: DecodeLauncher | None = runner if getattr(runner, "decode_capacity", 0) > 0 else None  # type: ignore[assignment]
+        self._inflight: deque[Launch] = deque()
         self.num_steps = 0
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
@@ -128,25 +172,113 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Runs one forward pass (if any work is ready); returns the requests that finished."""
+        if self._launcher is not None:
+            if not self._inflight:
+                self._launch_overlapped()
+            if self._inflight:
+                self._launch_overlapped()
+                self._resolve(self._inflight.popleft())
+                if self._inflight:
+                    return self._outputs()
+        self._step_sync()
+        return self._outputs()
+
+    def _step_sync(self) -> None:
         scheduled = self.scheduler.schedule()
-        if scheduled is not None:
-            logits = self.runner.execute(scheduled.step)
-            self.num_steps += 1
-            if scheduled.step.is_prefill:
-                self.num_prefill_tokens += scheduled.step.num_tokens
+        if scheduled is None:
+            return
+        self.num_steps += 1
+        step = scheduled.step
+        seqs = scheduled.sampled_seqs
+        if step.is_prefill:
+            self.num_prefill_tokens += step.num_tokens
+        if not step.is_prefill and self._launchable(seqs):
+            tokens = self._launch(seqs, overlapped=False, after=None).tokens()
             self.scheduler.postprocess(scheduled)
-            seqs = scheduled.sampled_seqs
-            if seqs:
-                generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
-                tokens = sample(logits, [s.sampling for s in seqs], generators)
-                now = time.perf_counter()
-                self.num_generated_tokens += len(tokens)
-                for seq, token in zip(seqs, tokens, strict=True):
-                    delta = seq.append_token(token, now)
-                    reason = finish_reason(seq, delta, self.eos_token_ids, self.max_model_len)
-                    if reason is not None:
-                        self.scheduler.finish(seq, reason)
-        return [RequestOutput.from_sequence(s) for s in self.scheduler.take_finished()]
+        else:
+            logits = self.runner.execute(step)
+            self.scheduler.postprocess(scheduled)
+            tokens = self._sample(logits, seqs) if seqs else []
+        now = time.perf_counter()
+        for seq, token in zip(seqs, tokens, strict=True):
+            self._append(seq, token, now)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
+        argmax = getattr(self.runner, "last_argmax", None)
+        return sample(logits, [s.sampling for s in seqs], generators, argmax)
+
+    def _launchable(self, seqs: list[Sequence]) -> bool:
+        return (
+            self._launcher is not None
+            and len(seqs) <= self._launcher.decode_capacity
+            and all(s.sampling.temperature == 0 for s in seqs)
+        )
+
+    def _launch_overlapped(self) -> bool:
+        """Launch the next decode step while the one in flight (if any) runs; False when it cannot be."""
+        assert self._launcher is not None
+        seqs = self.scheduler.schedule_overlapped(self._launcher.decode_capacity)
+        if not seqs:
+            return False
+        after = self._inflight[-1].pending if self._inflight else None
+        self.num_steps += 1
+        self._launch(seqs, overlapped=True, after=after)
+        return True
+
+    def _launch(self, seqs: list[Sequence], overlapped: bool, after: PendingTokens | None) -> PendingTokens:
+        """Stage one greedy decode step of `seqs` (pages already allotted) and launch it. A sequence
+        with a token in flight feeds it from the device. overlapped: the step counts as computed now
+        and its tokens are read by _resolve; else the caller reads them and runs postprocess."""
+        assert self._launcher is not None
+        staging = self._launcher.decode_staging()
+        tokens, sources, positions, rows = [], [], [], []
+        for i, seq in enumerate(seqs):
+            if seq.num_pending_tokens:
+                tokens.append(0)
+                sources.append(seq.decode_row)
+            else:
+                tokens.append(seq.token_ids[-1])
+                sources.append(-1)
+            positions.append(seq.num_computed_tokens)
+            rows.append(seq.table_row)
+            if overlapped:
+                seq.num_computed_tokens += 1
+                seq.num_pending_tokens += 1
+                seq.decode_row = i
+        bm = self.scheduler.block_manager
+        stage_decode_rows(staging, bm.page_size, tokens, sources, positions, bm.page_tables.table, rows)
+        pending = self._launcher.launch_decode(len(seqs), after)
+        if overlapped:
+            self._inflight.append(Launch(seqs, positions, pending))
+        return pending
+
+    def _resolve(self, launch: Launch) -> None:
+        """Read a launched step's tokens back and do its bookkeeping."""
+        tokens = launch.pending.tokens()
+        now = time.perf_counter()
+        bm = self.scheduler.block_manager
+        ps, caching = bm.page_size, bm.prefix_caching
+        for seq, token, pos in zip(launch.seqs, tokens, launch.positions, strict=True):
+            if seq.status is SeqStatus.FINISHED:
+                continue  # finished at the step before: this row was wasted, its token is dropped
+            seq.num_pending_tokens -= 1
+            if caching and (pos + 1) // ps > len(seq.page_hashes):
+                bm.commit(seq, pos + 1)  # a page became full
+            self._append(seq, token, now)
+
+    def _append(self, seq: Sequence, token: int, now: float) -> None:
+        self.num_generated_tokens += 1
+        delta = seq.append_token(token, now)
+        reason = finish_reason(seq, delta, self.eos_token_ids, self.max_model_len)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+
+    def _outputs(self) -> list[RequestOutput]:
+        finished = self.scheduler.take_finished()
+        for seq in finished:
+            seq.finish_text()
+        return [RequestOutput.from_sequence(s) for s in finished]
 
     @property
     def num_preemptions(self) -> int:

@@ -10,13 +10,18 @@ from xrt.config import SamplingArgs
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingArgs], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingArgs],
+    generators: list[torch.Generator | None],
+    argmax: torch.Tensor | None = None,
 ) -> list[int]:
-    """logits [N, V]; one SamplingArgs and one generator (on logits' device; None for greedy rows) per row."""
+    """logits [N, V]; one SamplingArgs and one generator (on logits' device; None for greedy rows) per row.
+    argmax: the greedy token of every row when the executor already computed it (never written to)."""
     logits = logits.float()
-    tokens = logits.argmax(dim=-1)
+    tokens = logits.argmax(dim=-1) if argmax is None else argmax
     rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if rows:
+        tokens = tokens.clone()
         probs, order = _filtered_probs(logits[rows], [params[i] for i in rows])
         for j, i in enumerate(rows):
             choice = torch.multinomial(probs[j], 1, generator=generators[i])

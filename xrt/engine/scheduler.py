@@ -1,7 +1,11 @@
 """Continuous batching. Each step is either a prefill step (chunks of admitted prompts under the
 token budget) or a decode step (one token for every running sequence). Prompts get all their
 pages on admission, so a partly prefilled sequence always finishes its prefill; when a decode step
-runs out of pages the newest running sequence is freed and requeued to be recomputed."""
+runs out of pages the newest running sequence is freed and requeued to be recomputed.
+
+Overlapped decoding (`schedule_overlapped`): the engine may launch decode step N+1 before it has
+read step N's tokens back; a sequence then has `num_pending_tokens` in flight and is scheduled from
+its length (known in advance), never from its tokens."""
 
 from __future__ import annotations
 
@@ -98,6 +102,37 @@ class Scheduler:
     def take_finished(self) -> list[Sequence]:
         out, self.newly_finished = self.newly_finished, []
         return out
+
+    def schedule_overlapped(self, max_batch: int) -> list[Sequence] | None:
+        """The sequences of a decode step that can be launched before the tokens in flight are known,
+        with their pages: every running sequence that will not have reached its length limit, in
+        running order. None when the next step must be scheduled synchronously: prefill work could
+        run first, a sequence samples (its token needs the host), more than max_batch sequences run,
+        or pages would run out (the synchronous path preempts). An empty list: nothing to launch,
+        every sequence is finishing."""
+        bm = self.block_manager
+        if len(self.running) > max_batch:
+            return None
+        if self.waiting and len(self.running) < self.args.max_num_seqs and bm.can_allocate(self.waiting[0]):
+            return None
+        seqs: list[Sequence] = []
+        growing: list[Sequence] = []
+        ps, max_len = bm.page_size, self.max_model_len
+        for seq in self.running:
+            sampling = seq.sampling
+            if seq.in_prefill or sampling.temperature > 0:
+                return None
+            length = len(seq.token_ids) + seq.num_pending_tokens
+            if length - len(seq.prompt_token_ids) >= sampling.max_tokens or length >= max_len:
+                continue  # its last token is in flight: it finishes when that token is read
+            seqs.append(seq)
+            if length > len(seq.page_table) * ps:
+                growing.append(seq)
+        if len(growing) > bm.num_free_pages:
+            return None
+        for seq in growing:
+            bm.append(seq)
+        return seqs
 
     def _chunk(self, seq: Sequence, num_tokens: int) -> SeqChunk:
         start = seq.num_computed_tokens

@@ -1,5 +1,9 @@
 """CUDA-graph executor: prefill runs eager; a decode batch pads up to its bucket and replays that
-bucket's captured graph (the whole model, lm_head, float32 logits and optionally greedy argmax).
+bucket's captured graph (input ids gathered on the device, the whole model, lm_head and optionally
+greedy argmax). `execute()` returns float32 logits; `launch_decode()` replays a step the engine
+staged itself and returns at once, its greedy tokens coming back through pinned memory, and a
+following launch can take its input tokens from them without a host round trip (the engine's
+overlapped decoding).
 
 Padding rows are empty sequences: token 0, position 0, slot -1 (no KV write), kv_indptr repeated
 and last_page_len 1, so FlashInfer has well-formed metadata for every row the graph was captured
@@ -19,6 +23,7 @@ from tqdm import tqdm
 from xrt.attention.metadata import AttentionMetadata
 from xrt.config import Device, XrtConfig
 from xrt.executor.buckets import Buckets
+from xrt.executor.prepare import DecodeStaging, pad_decode_rows
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import StepInput
 
@@ -28,8 +33,7 @@ GB = 1 << 30
 @dataclass
 class DecodeGraph:
     graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [bucket, vocab] float32, a view of the shared static logits buffer
-    argmax: torch.Tensor | None  # [bucket] int64 when the graph also samples greedily
+    logits: torch.Tensor  # [bucket, vocab] model dtype, a view of the shared static logits buffer
 
 
 def stage_decode(
@@ -78,35 +82,81 @@ def stage_decode(
 
 class DecodeInputs:
     """Static device inputs of every decode graph, sized for the largest bucket, with pinned host
-    mirrors: a step's token ids, positions and slots go up in one async copy, and the plan inputs
-    (kv_indptr, kv_last_page_len on the host; kv_indices staged on the device) need no sync."""
+    mirrors (the `staging` arrays are their numpy views). One device block [5, max_batch] int64:
+    row 0 the greedy tokens the last replay wrote, rows 1..4 a step's host token ids, positions,
+    slots and token sources, uploaded in one async copy. Rows 0 and 1 together are the token pool a
+    graph gathers its input ids from (source r < max_batch: the last replay's token of row r;
+    max_batch + i: the host token of row i). The plan inputs (kv_indptr, kv_last_page_len on the
+    host; kv_indices staged on the device) need no sync. Greedy tokens come back through a ring of
+    pinned buffers, one per launch that may be in flight."""
+
+    RING = 2  # launches in flight at once: one running, one queued behind it
 
     def __init__(self, max_batch: int, max_pages_per_seq: int, device: torch.device) -> None:
-        self.device_buf = torch.zeros(3, max_batch, dtype=torch.int64, device=device)
-        self.input_ids, self.positions, self.slot_mapping = self.device_buf.unbind(0)
-        self.host_buf = torch.zeros(3, max_batch, dtype=torch.int64, pin_memory=True)
+        self.max_batch = max_batch
+        self.device_buf = torch.zeros(5, max_batch, dtype=torch.int64, device=device)
+        self.argmax = self.device_buf[0]
+        self.token_pool = self.device_buf[:2].view(-1)
+        self.positions, self.slot_mapping, self.sources = self.device_buf[2:].unbind(0)
+        self._device_inputs = self.device_buf[1:]
+        self.host_buf = torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=True)
         self.kv_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, pin_memory=True)
         self.kv_last_page_len = torch.ones(max_batch, dtype=torch.int32, pin_memory=True)
         self.kv_indices_host = torch.zeros(max_batch * max_pages_per_seq, dtype=torch.int32, pin_memory=True)
         self.kv_indices = torch.zeros(max_batch * max_pages_per_seq, dtype=torch.int32, device=device)
-        self.np_tokens, self.np_indptr = self.host_buf.numpy(), self.kv_indptr.numpy()
-        self.np_last, self.np_indices = self.kv_last_page_len.numpy(), self.kv_indices_host.numpy()
+        self.staging = DecodeStaging(
+            rows=self.host_buf.numpy(),
+            kv_indptr=self.kv_indptr.numpy(),
+            kv_last_page_len=self.kv_last_page_len.numpy(),
+            kv_indices=self.kv_indices_host.numpy(),
+        )
+        self._host_sources = np.arange(max_batch, 2 * max_batch, dtype=np.int64)
         self.consumed = torch.cuda.Event()
         self.consumed.record()
+        self.out_host = torch.zeros(self.RING, max_batch, dtype=torch.int64, pin_memory=True)
+        self.out_rows = list(self.out_host.unbind(0))
+        self.out_np = [row.numpy() for row in self.out_rows]
+        self.out_ready = [torch.cuda.Event() for _ in range(self.RING)]
+        self.next_out = 0
 
-    def wait_writable(self) -> None:
+    def wait_writable(self) -> DecodeStaging:
         # The previous step's async copies may still be reading the pinned buffers.
         self.consumed.synchronize()
+        return self.staging
 
     def upload(self, bucket: int, num_indices: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Start the copies; returns plan inputs (kv_indptr host, kv_indices device, last_page_len host)."""
-        # The whole (contiguous, 3 x max_batch) block: a strided slice would be staged through pageable memory.
-        self.device_buf.copy_(self.host_buf, non_blocking=True)
+        src = self.staging.rows[3, :bucket]
+        np.copyto(src, self._host_sources[:bucket], where=src < 0)
+        # The whole (contiguous, 4 x max_batch) block: a strided slice would be staged through pageable memory.
+        self._device_inputs.copy_(self.host_buf, non_blocking=True)
         self.kv_indices[:num_indices].copy_(self.kv_indices_host[:num_indices], non_blocking=True)
         return self.kv_indptr[: bucket + 1], self.kv_indices[:num_indices], self.kv_last_page_len[:bucket]
 
     def mark_consumed(self) -> None:
         self.consumed.record()
+
+    def read_back(self, n: int, seq_no: int) -> PendingDecode:
+        """Copy the greedy tokens of the replay just launched to the host, behind it on the stream."""
+        slot = self.next_out
+        self.next_out = (slot + 1) % self.RING
+        self.out_rows[slot].copy_(self.argmax, non_blocking=True)
+        self.out_ready[slot].record()
+        return PendingDecode(self.out_ready[slot], self.out_np[slot], n, seq_no)
+
+
+class PendingDecode:
+    """The greedy tokens of a launched decode step, readable once the device has produced them."""
+
+    def __init__(self, ready: torch.cuda.Event, host: np.ndarray, n: int, seq_no: int) -> None:
+        self._ready = ready
+        self._host = host
+        self.n = n
+        self.seq_no = seq_no
+
+    def tokens(self) -> list[int]:
+        self._ready.synchronize()
+        return self._host[: self.n].tolist()
 
 
 class CudaGraphRunner(ModelRunner):
@@ -123,11 +173,15 @@ class CudaGraphRunner(ModelRunner):
         self.fi_backend = self.backend
         self.buckets = Buckets.from_args(cfg.executor)
         self.capture_sampling = cfg.executor.capture_sampling
+        # The engine launches greedy decode steps itself (launch_decode) up to this many sequences.
+        self.decode_capacity = self.buckets.largest if self.capture_sampling else 0
         # A sequence may reach max_model_len + 1 KV slots (the token generated at the limit is written).
         self.max_pages_per_seq = -(-(self.max_model_len + 1) // self.page_size)
         self.inputs = DecodeInputs(self.buckets.largest, self.max_pages_per_seq, self.device)
         self.graphs: dict[int, DecodeGraph] = {}
         self.last_argmax: torch.Tensor | None = None
+        # Counts forward passes; a launch may take tokens from the previous one only.
+        self._num_passes = 0
         self._metas: dict[int, AttentionMetadata] = {}
         self.capture()
 
@@ -161,37 +215,45 @@ class CudaGraphRunner(ModelRunner):
             page_size=self.page_size,
         )
 
-    def _stage_dummy(self, bucket: int) -> None:
-        """Inputs for warm-up and capture: every row a one-token sequence on page 0 that writes nothing."""
+    def _plan(self, bucket: int, num_indices: int) -> None:
+        """Upload the staged step (rows [0, bucket) complete) and plan; the caller replays next."""
         inp = self.inputs
-        inp.wait_writable()
-        inp.np_tokens[:, :bucket] = [[0], [0], [-1]]
-        inp.np_indptr[: bucket + 1] = np.arange(bucket + 1)
-        inp.np_last[:bucket] = 1
-        inp.np_indices[:bucket] = 0
-        self.fi_backend.plan_graph_decode(*inp.upload(bucket, bucket))
-        inp.mark_consumed()
-
-    def _stage(self, step: StepInput, bucket: int) -> None:
-        """Copy one decode step into the static inputs (padding rows after the real ones) and plan."""
-        inp = self.inputs
-        inp.wait_writable()
-        num_indices = stage_decode(
-            step, bucket, self.page_size, self.max_pages_per_seq,
-            inp.np_tokens, inp.np_indptr, inp.np_last, inp.np_indices,
-        )
         self.fi_backend.plan_graph_decode(*inp.upload(bucket, num_indices))
         inp.mark_consumed()
 
+    def _stage_dummy(self, bucket: int) -> None:
+        """Inputs for warm-up and capture: every row a one-token sequence on page 0 that writes nothing."""
+        st = self.inputs.wait_writable()
+        st.kv_indptr[0] = 0
+        pad_decode_rows(st, 0, bucket)
+        st.kv_indptr[: bucket + 1] = np.arange(bucket + 1)
+        st.kv_indices[:bucket] = 0
+        self._plan(bucket, bucket)
+
+    def _stage(self, step: StepInput, bucket: int) -> None:
+        """Copy one decode step into the static inputs (padding rows after the real ones) and plan."""
+        st = self.inputs.wait_writable()
+        num_indices = stage_decode(
+            step, bucket, self.page_size, self.max_pages_per_seq,
+            st.rows[:3], st.kv_indptr, st.kv_last_page_len, st.kv_indices,
+        )
+        st.rows[3, :bucket] = -1
+        self._plan(bucket, num_indices)
+
     # -- capture ----------------------------------------------------------------------------------
 
-    def _body(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The captured computation: model forward, lm_head, float32 logits (+ greedy argmax)."""
+    def _body(self, bucket: int) -> torch.Tensor:
+        """The captured computation: input ids gathered from the token pool, model forward, lm_head
+        into the static logits (model dtype), and greedy argmax into the token pool."""
         meta = self._metas[bucket]
-        hidden = self.forward_hidden(self.inputs.input_ids[:bucket], meta)
+        input_ids = self.inputs.token_pool.index_select(0, self.inputs.sources[:bucket])
+        hidden = self.forward_hidden(input_ids, meta)
         logits = self.static_logits[:bucket]
         logits.copy_(self.model.compute_logits(hidden))
-        return logits, (logits.argmax(dim=-1) if self.capture_sampling else None)
+        if self.capture_sampling:
+            # Over the model-dtype logits: widening to float32 is exact, so the argmax is the same.
+            torch.argmax(logits, dim=-1, out=self.inputs.argmax[:bucket])
+        return logits
 
     def capture(self) -> None:
         sizes = sorted(self.buckets.sizes, reverse=True)
@@ -199,8 +261,10 @@ class CudaGraphRunner(ModelRunner):
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
         self.fi_backend.enable_graph_decode(list(self.buckets.sizes), self.max_pages_per_seq)
-        vocab = self.model.lm_head.num_embeddings
-        self.static_logits = torch.zeros(self.buckets.largest, vocab, dtype=torch.float32, device=self.device)
+        head = self.model.lm_head
+        self.static_logits = torch.zeros(
+            self.buckets.largest, head.num_embeddings, dtype=head.weight.dtype, device=self.device
+        )
         self._metas = {b: self._graph_meta(b) for b in sizes}
         stream = torch.cuda.Stream(self.device)
         pool = torch.cuda.graph_pool_handle()
@@ -220,8 +284,8 @@ class CudaGraphRunner(ModelRunner):
                 self._stage_dummy(b)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    logits, argmax = self._body(b)
-                self.graphs[b] = DecodeGraph(graph, logits, argmax)
+                    logits = self._body(b)
+                self.graphs[b] = DecodeGraph(graph, logits)
         torch.cuda.synchronize(self.device)
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
         print(
@@ -233,9 +297,10 @@ class CudaGraphRunner(ModelRunner):
     # -- execution --------------------------------------------------------------------------------
 
     def execute(self, step: StepInput) -> torch.Tensor:
-        """float32 logits rows for chunks with needs_logits. A replayed decode returns a view of the
-        graph's static output, valid until the next execute(); `last_argmax` then holds the greedy
-        token of each returned row (computed in the graph), else None."""
+        """float32 logits rows for chunks with needs_logits. After a replayed decode `last_argmax`
+        holds the greedy token of each returned row (computed in the graph; a view valid until the
+        next forward pass), else None."""
+        self._num_passes += 1
         bucket = None if step.is_prefill else self.buckets.bucket_for(len(step.seqs))
         if bucket is None:
             self.last_argmax = None
@@ -244,10 +309,32 @@ class CudaGraphRunner(ModelRunner):
         self._stage(step, bucket)
         entry = self.graphs[bucket]
         entry.graph.replay()
+        argmax = self.inputs.argmax if self.capture_sampling else None
         rows = [i for i, chunk in enumerate(step.seqs) if chunk.needs_logits]
         if len(rows) == n:
-            self.last_argmax = entry.argmax[:n] if entry.argmax is not None else None
-            return entry.logits[:n]
+            self.last_argmax = argmax[:n] if argmax is not None else None
+            return entry.logits[:n].float()
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        self.last_argmax = entry.argmax[index] if entry.argmax is not None else None
-        return entry.logits[index]
+        self.last_argmax = argmax[index] if argmax is not None else None
+        return entry.logits[index].float()
+
+    def decode_staging(self) -> DecodeStaging:
+        """The pinned host arrays of the next launch_decode (waits until the last upload read them)."""
+        return self.inputs.wait_writable()
+
+    def launch_decode(self, n: int, after: PendingDecode | None) -> PendingDecode:
+        """Replay the decode graph for the n sequences staged in decode_staging() (rows [0, n)) and
+        start copying their greedy tokens back; returns at once. Sources r >= 0 read the tokens of
+        `after`, which must be the previous forward pass (they never left the device)."""
+        bucket = self.buckets.bucket_for(n) if self.capture_sampling else None
+        if bucket is None:
+            raise ValueError(f"launch_decode: {n} sequences exceed the largest graph ({self.decode_capacity})")
+        if after is not None and after.seq_no != self._num_passes:
+            raise RuntimeError("launch_decode: `after` is not the previous forward pass; its tokens are gone")
+        self._num_passes += 1
+        st = self.inputs.staging
+        pad_decode_rows(st, n, bucket)
+        self._plan(bucket, int(st.kv_indptr[bucket]))
+        self.graphs[bucket].graph.replay()
+        self.last_argmax = None
+        return self.inputs.read_back(n, self._num_passes)

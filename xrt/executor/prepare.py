@@ -1,6 +1,9 @@
-"""Turn a StepInput (plain Python) into the token tensor and the attention metadata of one step."""
+"""Turn a StepInput (plain Python) into the token tensor and the attention metadata of one step, and
+stage a decode step from per-sequence arrays into the host buffers of a runner that launches it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -86,3 +89,74 @@ def build_metadata(
 
 def _cat(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.concatenate(parts)] if parts else []
+
+
+@dataclass
+class DecodeStaging:
+    """Host arrays of one decode step for a runner that launches decode steps itself (the CUDA-graph
+    runner's are views of pinned memory, reused every step). Rows [0, n) are the real sequences.
+
+    rows [4, >= max_batch] int64: token id, position, KV slot, and source: -1 takes the token id
+        from row 0; r >= 0 takes the greedy token of row r of the previous decode launch, which
+        stays on the device (the host has not seen it yet).
+    kv_indptr [>= max_batch + 1], kv_last_page_len [>= max_batch], kv_indices: int32, FlashInfer CSR.
+    """
+
+    rows: np.ndarray
+    kv_indptr: np.ndarray
+    kv_last_page_len: np.ndarray
+    kv_indices: np.ndarray
+
+    @classmethod
+    def zeros(cls, max_batch: int, max_pages_per_seq: int) -> DecodeStaging:
+        return cls(
+            rows=np.zeros((4, max_batch), dtype=np.int64),
+            kv_indptr=np.zeros(max_batch + 1, dtype=np.int32),
+            kv_last_page_len=np.ones(max_batch, dtype=np.int32),
+            kv_indices=np.zeros(max_batch * max_pages_per_seq, dtype=np.int32),
+        )
+
+
+def stage_decode_rows(
+    st: DecodeStaging,
+    page_size: int,
+    token_ids: list[int],
+    sources: list[int],
+    positions: list[int],
+    page_tables: np.ndarray,
+    table_rows: list[int],
+) -> int:
+    """Fill rows [0, n) of `st` for n sequences, each feeding one token at `positions[i]`, whose page
+    tables are rows `table_rows` of `page_tables` ([rows, pages] int32, a sequence's pages in order).
+    Vectorized: no Python loop over sequences or pages. Returns the number of page indices written."""
+    n = len(positions)
+    if n == 0:
+        st.kv_indptr[0] = 0
+        return 0
+    pos = np.asarray(positions, dtype=np.int64)
+    num_pages = pos // page_size + 1
+    width = int(num_pages.max())
+    if width > page_tables.shape[1] or n * width > len(st.kv_indices):
+        raise ValueError(
+            f"position {int(pos.max())} needs {width} KV pages per sequence; the staging buffers hold "
+            f"{min(page_tables.shape[1], len(st.kv_indices) // n)}"
+        )
+    tables = page_tables[table_rows, :width]  # [n, width]: one gather of every page table
+    st.rows[0, :n] = token_ids
+    st.rows[1, :n] = pos
+    st.rows[2, :n] = tables[np.arange(n), num_pages - 1] * page_size + pos % page_size
+    st.rows[3, :n] = sources
+    st.kv_indptr[0] = 0
+    np.cumsum(num_pages, out=st.kv_indptr[1 : n + 1])
+    total = int(st.kv_indptr[n])
+    st.kv_indices[:total] = tables[np.arange(width) < num_pages[:, None]]
+    st.kv_last_page_len[:n] = pos % page_size + 1
+    return total
+
+
+def pad_decode_rows(st: DecodeStaging, n: int, bucket: int) -> None:
+    """Rows [n, bucket) become empty sequences: token 0 from the host, position 0, slot -1 (no KV
+    write), kv_indptr repeated, last_page_len 1."""
+    st.rows[:, n:bucket] = [[0], [0], [-1], [-1]]
+    st.kv_indptr[n + 1 : bucket + 1] = st.kv_indptr[n]
+    st.kv_last_page_len[n:bucket] = 1
