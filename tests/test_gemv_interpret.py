@@ -69,6 +69,13 @@ def test_explicit_config(dtype: torch.dtype, name: str, cfg: tuple, shape: tuple
 
 
 @in_process
+@pytest.mark.parametrize("shape", [(1, 24, 3072), (3, 24, 2048), (8, 40, 1024)], ids=str)
+def test_candidate_configs(shape: tuple[int, int, int]) -> None:
+    for cfg in checks.gemv_module().candidate_configs(*shape):
+        checks.check_gemv(CPU, torch.float32, *shape, config=cfg)
+
+
+@in_process
 def test_split_k_repeats_and_resets_counters() -> None:
     checks.check_split_k_repeats(CPU, torch.float32)
 

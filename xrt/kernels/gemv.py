@@ -14,6 +14,7 @@ capture-safe once each (M bucket, shape) has run eagerly once to compile it."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ def _split_k(K: int, block_k: int, tiles: int) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
+@functools.lru_cache(maxsize=4096)
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
     """Fixed config for a shape (dtype-agnostic, tuned for 16-bit); guesses for H100/H200 until
     scripts/bench_gemv.py picks winners."""
