@@ -114,6 +114,17 @@ def launch_us(device: torch.device) -> float:
     return call_cost_us(x.add_, (1.0,), device, 1000)
 
 
+def process_state() -> str:
+    """Global state that slows every Python call or torch op when set: trace/profile hooks, torch function
+    or dispatch modes, the garbage collector's thresholds."""
+    import sys
+
+    return (f"sys trace {sys.gettrace() is not None}, sys profile {sys.getprofile() is not None}, "
+            f"torch function mode {torch._C._is_torch_function_mode_enabled()}, "
+            f"dispatch modes {torch._C._len_torch_dispatch_stack()}, gc enabled {gc.isenabled()} "
+            f"thresholds {gc.get_threshold()} tracked objects {len(gc.get_objects())}")
+
+
 def median_us(xs: list[float]) -> float:
     return statistics.median(xs) * 1e6
 
@@ -256,6 +267,7 @@ def main() -> None:
           f"other threads: {', '.join(busy) or 'idle'}")
     print(f"  garbage collector: {gc_timer.seconds * 1e3:.2f} ms in {gc_timer.collections} collections "
           f"(gen 0/1/2); Python threads: {', '.join(t.name for t in threading.enumerate())}")
+    print(f"  process state: {process_state()}")
     print(f"  before / after building the runner: pure-Python loop {loop_before:.0f} / {loop_after:.0f} us, "
           f"one torch kernel launch {launch_before:.2f} / {launch_after:.2f} us")
 
