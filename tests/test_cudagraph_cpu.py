@@ -99,3 +99,30 @@ def test_stage_decode_rows_from_page_table_rows_then_padding() -> None:
     assert st.kv_indices[:n].tolist() == [9, 3, 5, 2, 8]
     with pytest.raises(ValueError, match="position 12 needs 4 KV pages"):
         stage_decode_rows(st, 4, [1], [-1], [12], tables, [3])
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 20])
+def test_stage_decode_rows_agrees_with_stage_decode(n: int) -> None:
+    """Both stagings (the small-batch loop and the vectorized one) write what stage_decode writes
+    for the same sequences given as a StepInput."""
+    rng = np.random.default_rng(n)
+    ps, width, bucket = 4, 6, 24
+    tables = rng.permutation(200)[: 30 * width].reshape(30, width).astype(np.int32)
+    rows = rng.choice(30, size=n, replace=False).tolist()
+    positions = rng.integers(0, ps * width, size=n).tolist()
+    tokens = rng.integers(0, 1000, size=n).tolist()
+    chunks = [SeqChunk([t], p, tables[r].tolist()) for t, p, r in zip(tokens, positions, rows, strict=True)]
+    step = StepInput(False, chunks)
+    want_tokens, want_indptr, want_last, want_indices = arrays(bucket, width)
+    want_n = stage_decode(step, bucket, ps, width, want_tokens, want_indptr, want_last, want_indices)
+    st = DecodeStaging.zeros(bucket, width)
+    st.rows.fill(77)
+    st.kv_indices.fill(77)
+    got_n = stage_decode_rows(st, ps, tokens, [-1] * n, positions, tables, rows)
+    pad_decode_rows(st, n, bucket)
+    assert got_n == want_n
+    assert st.rows[:3].tolist() == want_tokens.tolist()
+    assert st.rows[3].tolist() == [-1] * bucket
+    assert st.kv_indptr.tolist() == want_indptr.tolist()
+    assert st.kv_last_page_len.tolist() == want_last.tolist()
+    assert st.kv_indices[:got_n].tolist() == want_indices[:want_n].tolist()

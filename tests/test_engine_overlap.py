@@ -260,6 +260,20 @@ def test_decode_filled_pages_are_reused_like_the_synchronous_engine(fake_runner:
     assert all(o.num_cached_tokens >= 12 for o in overlapped[3:])
 
 
+def test_synchronous_launches_without_overlap(fake_runner: Callable, fake_cfg: Callable) -> None:
+    """With overlapping off, greedy decode steps still go through launch_decode, read back at once."""
+    ps = prompts(6, n=5)
+    sampling = [SamplingArgs(max_tokens=3 + 2 * i, ignore_eos=True) for i in range(5)]
+
+    def run(llm: LLM) -> list[RequestOutput]:
+        llm.engine._overlap = False
+        return llm.generate(ps, sampling)
+
+    sync, overlapped, runner = both(fake_runner, fake_cfg(), run)
+    assert summary(overlapped) == summary(sync)
+    assert runner.max_in_flight == 1 and runner.sourced_rows == 0 and runner.launch_sizes
+
+
 def test_step_count_and_tokens_match_the_synchronous_engine(fake_runner: Callable, fake_cfg: Callable) -> None:
     """The bench reads the last output_len - 1 steps as the decode steps: overlapping keeps the count."""
     runner = AsyncFakeRunner(fake_runner())

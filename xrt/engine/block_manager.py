@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from xrt.engine.page_tables import PageTables
@@ -38,8 +39,9 @@ class BlockManager:
         self.page_size = page_size
         self.prefix_caching = prefix_caching
         self.pages = [Page(i) for i in range(num_pages)]
-        # Insertion-ordered: the front is the page freed longest ago, handed out first.
-        self.free_pages: dict[int, None] = dict.fromkeys(range(num_pages))
+        # Insertion-ordered: the front is the page freed longest ago, handed out first. An
+        # OrderedDict, not a dict: taking from the front of a dict scans the entries deleted there.
+        self.free_pages: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self.cached: dict[bytes, int] = {}
         self.page_tables = PageTables()
 
@@ -146,8 +148,7 @@ class BlockManager:
     def _take_free_page(self) -> int:
         if not self.free_pages:
             raise RuntimeError("no free KV page (the scheduler must check can_allocate/can_append first)")
-        pid = next(iter(self.free_pages))
-        del self.free_pages[pid]
+        pid, _ = self.free_pages.popitem(last=False)
         page = self.pages[pid]
         if page.hash is not None and self.cached.get(page.hash) == pid:
             del self.cached[page.hash]

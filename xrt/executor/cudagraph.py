@@ -118,6 +118,8 @@ class DecodeInputs:
         self.out_np = [row.numpy() for row in self.out_rows]
         self.out_ready = [torch.cuda.Event() for _ in range(self.RING)]
         self.next_out = 0
+        # Plan inputs of each batch size, made once (a view per step costs host time).
+        self._plan_views = [(self.kv_indptr[: b + 1], self.kv_last_page_len[:b]) for b in range(max_batch + 1)]
 
     def wait_writable(self) -> DecodeStaging:
         # The previous step's async copies may still be reading the pinned buffers.
@@ -130,8 +132,10 @@ class DecodeInputs:
         np.copyto(src, self._host_sources[:bucket], where=src < 0)
         # The whole (contiguous, 4 x max_batch) block: a strided slice would be staged through pageable memory.
         self._device_inputs.copy_(self.host_buf, non_blocking=True)
-        self.kv_indices[:num_indices].copy_(self.kv_indices_host[:num_indices], non_blocking=True)
-        return self.kv_indptr[: bucket + 1], self.kv_indices[:num_indices], self.kv_last_page_len[:bucket]
+        indices = self.kv_indices[:num_indices]
+        indices.copy_(self.kv_indices_host[:num_indices], non_blocking=True)
+        indptr, last = self._plan_views[bucket]
+        return indptr, indices, last
 
     def mark_consumed(self) -> None:
         self.consumed.record()

@@ -128,29 +128,55 @@ def stage_decode_rows(
 ) -> int:
     """Fill rows [0, n) of `st` for n sequences, each feeding one token at `positions[i]`, whose page
     tables are rows `table_rows` of `page_tables` ([rows, pages] int32, a sequence's pages in order).
-    Vectorized: no Python loop over sequences or pages. Returns the number of page indices written."""
+    No Python loop over pages. Returns the number of page indices written."""
     n = len(positions)
+    st.kv_indptr[0] = 0
     if n == 0:
-        st.kv_indptr[0] = 0
         return 0
-    pos = np.asarray(positions, dtype=np.int64)
-    num_pages = pos // page_size + 1
-    width = int(num_pages.max())
+    width = max(positions) // page_size + 1
     if width > page_tables.shape[1] or n * width > len(st.kv_indices):
         raise ValueError(
-            f"position {int(pos.max())} needs {width} KV pages per sequence; the staging buffers hold "
+            f"position {max(positions)} needs {width} KV pages per sequence; the staging buffers hold "
             f"{min(page_tables.shape[1], len(st.kv_indices) // n)}"
         )
+    if n <= _SMALL_BATCH:
+        return _stage_rows_small(st, page_size, token_ids, sources, positions, page_tables, table_rows)
+    pos = np.asarray(positions, dtype=np.int64)
+    num_pages = pos // page_size + 1
     tables = page_tables[table_rows, :width]  # [n, width]: one gather of every page table
     st.rows[0, :n] = token_ids
     st.rows[1, :n] = pos
     st.rows[2, :n] = tables[np.arange(n), num_pages - 1] * page_size + pos % page_size
     st.rows[3, :n] = sources
-    st.kv_indptr[0] = 0
     np.cumsum(num_pages, out=st.kv_indptr[1 : n + 1])
     total = int(st.kv_indptr[n])
     st.kv_indices[:total] = tables[np.arange(width) < num_pages[:, None]]
     st.kv_last_page_len[:n] = pos % page_size + 1
+    return total
+
+
+# Up to this many sequences a loop of a few numpy writes per row beats the vectorized ops' fixed cost.
+_SMALL_BATCH = 8
+
+
+def _stage_rows_small(
+    st: DecodeStaging,
+    page_size: int,
+    token_ids: list[int],
+    sources: list[int],
+    positions: list[int],
+    page_tables: np.ndarray,
+    table_rows: list[int],
+) -> int:
+    total = 0
+    for i, (token, source, pos, row) in enumerate(zip(token_ids, sources, positions, table_rows, strict=True)):
+        k = pos // page_size + 1
+        pages = page_tables[row, :k]
+        st.kv_indices[total : total + k] = pages
+        total += k
+        st.rows[:, i] = (token, pos, int(pages[-1]) * page_size + pos % page_size, source)
+        st.kv_indptr[i + 1] = total
+        st.kv_last_page_len[i] = pos % page_size + 1
     return total
 
 
