@@ -102,7 +102,7 @@ def test_pick_config_on_model_shapes() -> None:
     g = checks.gemv_module()
     for N, K in checks.QWEN3_06B.values():
         for M in range(1, 17):
-            cfg = g.pick_config(M, N, K)
+            cfg = g.heuristic_config(M, N, K)
             g.check_config(cfg)
             programs = -(-M // cfg.block_m) * -(-N // cfg.block_n) * cfg.split_k
             assert programs >= 256, (M, N, K, cfg, programs)
@@ -112,6 +112,16 @@ def test_pick_config_on_model_shapes() -> None:
                 assert g._fma_fits(cfg, K), cfg
             else:
                 assert cfg.use_dot and cfg.block_m == 16, cfg
+
+
+def test_measured_configs_are_valid_and_used() -> None:
+    g = checks.gemv_module()
+    for (N, K, M), cfg in g._MEASURED.items():
+        g.check_config(cfg)
+        assert cfg.use_dot or g._fma_fits(cfg, K), cfg
+        assert g.pick_config(M, N, K) == cfg
+    assert g.prefer_gemv(1, 4096, 1024) and not g.prefer_gemv(8, 4096, 1024) and g.prefer_gemv(8, 1024, 3072)
+    assert not g.prefer_gemv(9, 1024, 3072)
 
 
 def test_candidates_are_valid_and_distinct() -> None:

@@ -129,6 +129,9 @@ class ExecutorArgs:
         validator=each(ge(1)),
     )
     capture_sampling: bool = field(True, help="capture lm_head and greedy argmax inside the decode graph")
+    overlap: bool = field(
+        True, help="cudagraph: the host prepares decode step N+1 while the GPU runs step N (greedy batches)"
+    )
     workspace_mb: int = field(256, help="FlashInfer workspace size", unit="MiB", validator=ge(16))
 
     def check(self) -> Problems:

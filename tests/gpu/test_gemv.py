@@ -178,3 +178,16 @@ def test_replays_in_a_cuda_graph_after_warmup(device: torch.device) -> None:
         for (x, w, cfg), out in zip(static, outs, strict=True):
             err = rel_err(out, reference(x, w))
             assert err < TOLERANCE[dtype], f"replay {seed} M={x.shape[0]} {cfg}: relative error {err:.3e}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layer", sorted(QWEN3_06B))
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9])
+def test_linear_op_on_cuda_matches_fp32_product(layer: str, M: int) -> None:
+    """xrt::linear as the layers call it: the skinny kernel where prefer_gemv says so, cuBLAS otherwise."""
+    from xrt.ops.compute import linear
+
+    N, K = QWEN3_06B[layer]
+    x, w = inputs(M, N, K, torch.bfloat16, seed=M)
+    out = linear(x.cuda(), w.cuda())
+    assert rel_err(out, x.float() @ w.float().T) < TOLERANCE[torch.bfloat16]

@@ -125,8 +125,8 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg.scheduler, block_manager, self.max_model_len)
         self._ids = itertools.count()
         self._launcher: DecodeLauncher | None = runner if getattr(runner, "decode_capacity", 0) > 0 else None  # type: ignore[assignment]
-        # executor.overlap (when the config has it) turns overlapping off, to measure what it buys.
-        self._overlap = self._launcher is not None and getattr(cfg.executor, "overlap", True)
+        # executor.overlap=false turns overlapping off, to measure what it buys.
+        self._overlap = self._launcher is not None and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
         self.num_steps = 0
         self.num_prefill_tokens = 0

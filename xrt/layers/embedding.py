@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xrt.layers.linear import SKINNY_ROWS
 from xrt.layers.weights import check_shape, new_param
 from xrt.ops.collectives import all_gather, all_reduce_
+from xrt.ops.compute import linear
 from xrt.ops.parallel_state import tp_rank, tp_size
 
 
@@ -41,7 +43,10 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        if hidden.is_cuda and hidden.dim() == 2 and hidden.shape[0] <= SKINNY_ROWS:
+            logits = linear(hidden, self.weight)
+        else:
+            logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = all_gather(logits, -1)[:, : self.num_embeddings]
         return logits

@@ -10,7 +10,12 @@ from torch import nn
 
 from xrt.layers.weights import check_shape, divide, new_param
 from xrt.ops.collectives import all_reduce_
+from xrt.ops.compute import linear
 from xrt.ops.parallel_state import tp_rank, tp_size
+
+# Decode batches up to this many rows go through xrt::linear, whose CUDA implementation picks the
+# skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
+SKINNY_ROWS = 8
 
 
 class _Linear(nn.Module):
@@ -23,6 +28,8 @@ class _Linear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return F.linear(x, self.weight)
+        if x.is_cuda and x.shape[0] <= SKINNY_ROWS:
+            return linear(x, self.weight)
         wt = self._weight_t
         # Re-made if the parameter's storage was replaced (the view would still read the old one).
         if wt is None or wt.data_ptr() != self.weight.data_ptr():

@@ -50,6 +50,11 @@ _QK_NORM_ROPE = define(
     reference.qk_norm_rope,
     _qk_norm_rope_fake,
 )
+def _linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+_LINEAR = define("linear", "(Tensor x, Tensor weight) -> Tensor", reference.linear, _linear_fake)
 _SILU_AND_MUL = define("silu_and_mul", "(Tensor x) -> Tensor", reference.silu_and_mul, _silu_and_mul_fake)
 
 
@@ -79,3 +84,8 @@ def qk_norm_rope(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _SILU_AND_MUL(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T. On CUDA, small M runs the skinny-GEMM kernel where it beats cuBLAS."""
+    return _LINEAR(x, weight)

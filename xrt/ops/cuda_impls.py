@@ -77,7 +77,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     _kernels("store_kv").store_kv(k, v, kv_cache, slot_mapping)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    gemv = _kernels("gemv")
+    n, k = weight.shape
+    if x.dtype in (torch.bfloat16, torch.float16) and gemv.prefer_gemv(x.shape[0], n, k):
+        return gemv.gemv(x, weight)
+    return torch.mm(x, weight.t())
+
+
 IMPLS = {
+    "linear": linear,
     "rms_norm": rms_norm,
     "fused_add_rms_norm": fused_add_rms_norm,
     "qk_norm_rope": qk_norm_rope,

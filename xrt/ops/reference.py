@@ -50,6 +50,11 @@ def qk_norm_rope(
         part.copy_(rotate_neox(normed, cos, sin))
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias)."""
+    return torch.mm(x, weight.t())
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     x32 = x.float()
