@@ -167,6 +167,12 @@ class CudaGraphRunner(ModelRunner):
     def __init__(self, cfg: XrtConfig) -> None:
         if cfg.device is Device.CPU or not torch.cuda.is_available():
             raise ValueError("executor.kind: cudagraph needs a CUDA device")
+        # Set before the base constructor: it runs prefill steps through execute() to size the KV cache.
+        self.buckets = Buckets.from_args(cfg.executor)
+        self.graphs: dict[int, DecodeGraph] = {}
+        self.last_argmax: torch.Tensor | None = None
+        # Counts forward passes; a launch may take tokens from the previous one only.
+        self._num_passes = 0
         super().__init__(cfg)
         from xrt.attention.flashinfer import FlashInferBackend, unsupported_reason
 
@@ -175,17 +181,12 @@ class CudaGraphRunner(ModelRunner):
             reason = unsupported_reason(self.dtype, first.head_dim) or "the runner picked another backend"
             raise ValueError(f"executor.kind: cudagraph needs FlashInfer attention ({reason}); use executor=eager")
         self.fi_backend = self.backend
-        self.buckets = Buckets.from_args(cfg.executor)
         self.capture_sampling = cfg.executor.capture_sampling
         # The engine launches greedy decode steps itself (launch_decode) up to this many sequences.
         self.decode_capacity = self.buckets.largest if self.capture_sampling else 0
         # A sequence may reach max_model_len + 1 KV slots (the token generated at the limit is written).
         self.max_pages_per_seq = -(-(self.max_model_len + 1) // self.page_size)
         self.inputs = DecodeInputs(self.buckets.largest, self.max_pages_per_seq, self.device)
-        self.graphs: dict[int, DecodeGraph] = {}
-        self.last_argmax: torch.Tensor | None = None
-        # Counts forward passes; a launch may take tokens from the previous one only.
-        self._num_passes = 0
         self._metas: dict[int, AttentionMetadata] = {}
         self.capture()
 
@@ -305,7 +306,7 @@ class CudaGraphRunner(ModelRunner):
         holds the greedy token of each returned row (computed in the graph; a view valid until the
         next forward pass), else None."""
         self._num_passes += 1
-        bucket = None if step.is_prefill else self.buckets.bucket_for(len(step.seqs))
+        bucket = None if step.is_prefill or not self.graphs else self.buckets.bucket_for(len(step.seqs))
         if bucket is None:
             self.last_argmax = None
             return super().execute(step)
