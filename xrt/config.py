@@ -133,11 +133,36 @@ class ExecutorArgs:
         True, help="cudagraph: the host prepares decode step N+1 while the GPU runs step N (greedy batches)"
     )
     workspace_mb: int = field(256, help="FlashInfer workspace size", unit="MiB", validator=ge(16))
+    prefill_graph: bool = field(
+        False,
+        help="cudagraph: replay captured prefill graphs for batches of fresh prompts (no cached prefix) up to "
+        "prefill_graph_max_tokens tokens",
+    )
+    prefill_graph_max_tokens: int = field(
+        8192, help="largest prefill replayed as a CUDA graph (padding included)", unit="tokens", validator=ge(1)
+    )
+    prefill_graph_token_buckets: list[int] = field(
+        factory=list,
+        help="prefill graph token buckets; empty: 256, 512, 1024, ... doubling, capped at prefill_graph_max_tokens",
+        validator=each(ge(1)),
+    )
+    prefill_graph_max_seqs: int = field(
+        8, help="most sequences in a replayed prefill; graphs for 1, 2, 4, ... up to it", validator=ge(1)
+    )
 
     def check(self) -> Problems:
+        out: Problems = []
         if self.buckets and max(self.buckets) > self.max_batch:
-            return [("buckets", f"must all be <= max_batch={self.max_batch}, got {max(self.buckets)}")]
-        return []
+            out.append(("buckets", f"must all be <= max_batch={self.max_batch}, got {max(self.buckets)}"))
+        top = self.prefill_graph_max_tokens
+        if self.prefill_graph_token_buckets and max(self.prefill_graph_token_buckets) > top:
+            out.append(
+                (
+                    "prefill_graph_token_buckets",
+                    f"must all be <= prefill_graph_max_tokens={top}, got {max(self.prefill_graph_token_buckets)}",
+                )
+            )
+        return out
 
 
 @attrs.define

@@ -1,8 +1,8 @@
 """FlashInfer (0.6.14) attention over the paged KV cache: decode, paged prefill (a sequence with a cached
 prefix or an earlier chunk), ragged prefill (no sequence has KV before this step: attention reads this
 step's k/v straight from the packed qkv instead of gathering them back from the pages), and fixed-layout
-decode wrappers for CUDA-graph replay. flashinfer is imported when a backend is built, never at module
-import, so this file imports on CPU."""
+decode and ragged-prefill wrappers for CUDA-graph replay. flashinfer is imported when a backend is built,
+never at module import, so this file imports on CPU."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ KV_LAYOUT = "NHD"
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # FlashInfer's decode/prefill kernels are instantiated for these head sizes.
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# Integer workspace shared by the CUDA-graph prefill wrappers (FlashInfer gives each wrapper 8 MiB). Their
+# plans need (tokens / 128 + sequences) * heads * 28 bytes at most: about 130 KiB at 8192 tokens and 64 heads.
+GRAPH_PREFILL_INT_WORKSPACE = 2 << 20
 
 
 class FlashInferUnavailable(ImportError):
@@ -48,6 +51,21 @@ class GraphDecodeBuffers:
         self.kv_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
         self.kv_indices = torch.zeros(max_batch * max_pages_per_seq, dtype=torch.int32, device=device)
         self.kv_last_page_len = torch.ones(max_batch, dtype=torch.int32, device=device)
+
+
+class GraphPrefillBuffers:
+    """Device buffers of the CUDA-graph ragged-prefill wrappers: qo/kv indptr sized for the most
+    sequences (each wrapper takes leading slices) and one integer workspace, all shared (only one
+    graph is planned and replayed at a time)."""
+
+    def __init__(self, max_entries: int, device: torch.device) -> None:
+        self.qo_indptr = torch.zeros(max_entries + 1, dtype=torch.int32, device=device)
+        self.kv_indptr = torch.zeros(max_entries + 1, dtype=torch.int32, device=device)
+        self.int_workspace = torch.zeros(GRAPH_PREFILL_INT_WORKSPACE, dtype=torch.uint8, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qo_indptr, self.kv_indptr, self.int_workspace))
 
 
 class FlashInferBackend:
@@ -98,6 +116,11 @@ class FlashInferBackend:
         )
         self._graph_decode: dict[int, Any] = {}
         self.graph_buffers: GraphDecodeBuffers | None = None
+        self._graph_prefill: dict[tuple[int, int], Any] = {}
+        self.graph_prefill_buffers: GraphPrefillBuffers | None = None
+        # (wrapper key, qo_indptr) of the last CUDA-graph prefill plan: the wrappers share one integer
+        # workspace, so a plan stays valid only until another of them plans.
+        self._graph_prefill_plan: tuple[tuple[int, int], torch.Tensor] | None = None
         self._active: Any = None
         self._active_kind = ""
         # qo_indptr of the ragged wrapper's current plan: a ragged plan depends on nothing else, so a step
@@ -177,6 +200,46 @@ class FlashInferBackend:
         )
         self.plans += 1
         self._set_active(wrapper, "paged")
+
+    # -- CUDA-graph ragged prefill ----------------------------------------------------------------
+
+    def enable_graph_prefill(self, shapes: list[tuple[int, int]]) -> None:
+        """One fixed-shape ragged-prefill wrapper per (entries, tokens): `entries` sequences (padding
+        included) whose qo_indptr always ends at `tokens`, over shared static buffers."""
+        bufs = GraphPrefillBuffers(max(e for e, _ in shapes), self.device)
+        self.graph_prefill_buffers = bufs
+        self._graph_prefill = {}
+        for entries, tokens in shapes:
+            wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
+                self.workspace,
+                KV_LAYOUT,
+                use_cuda_graph=True,
+                qo_indptr_buf=bufs.qo_indptr[: entries + 1],
+                kv_indptr_buf=bufs.kv_indptr[: entries + 1],
+            )
+            wrapper.reset_workspace_buffer(self.workspace, bufs.int_workspace)
+            self._graph_prefill[(entries, tokens)] = wrapper
+        self._graph_prefill_plan = None
+
+    def plan_graph_prefill(self, qo_indptr_host: torch.Tensor) -> None:
+        """Plan the wrapper of len(qo_indptr_host) - 1 entries and qo_indptr_host[-1] tokens; each
+        sequence attends causally over its own k/v. Must run outside graph capture, on the stream
+        that replays; copies qo_indptr into the static buffers the captured kernels read."""
+        key = (qo_indptr_host.numel() - 1, int(qo_indptr_host[-1]))
+        wrapper = self._graph_prefill.get(key)
+        if wrapper is None:
+            raise ValueError(
+                f"no CUDA-graph prefill wrapper for {key[0]} sequences and {key[1]} tokens; "
+                f"shapes: {sorted(self._graph_prefill)}"
+            )
+        last = self._graph_prefill_plan
+        if last is None or last[0] != key or not torch.equal(last[1], qo_indptr_host):
+            h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+            # The first plan of a CUDA-graph wrapper fixes its row count: always `tokens` rows here.
+            wrapper.plan(qo_indptr_host, qo_indptr_host, h, kv, d, causal=True, **self._dtypes(self.dtype))
+            self._graph_prefill_plan = (key, qo_indptr_host.clone())
+            self.plans += 1
+        self._set_active(wrapper, "ragged")
 
     # -- forward ----------------------------------------------------------------------------------
 

@@ -9,7 +9,10 @@ Padding rows are empty sequences: token 0, position 0, slot -1 (no KV write), kv
 and last_page_len 1, so FlashInfer has well-formed metadata for every row the graph was captured
 with (missing per-row metadata for padding rows is the illegal-memory-access bug of xLLM's first
 graph executor). FlashInfer's plan() runs on the host before every replay, outside the graph, on
-the stream that replays, and copies the page table into the static buffers the graph reads."""
+the stream that replays, and copies the page table into the static buffers the graph reads.
+
+With executor.prefill_graph, small prefills of fresh prompts replay graphs too
+(`xrt.executor.prefill_graph`), captured after the decode graphs into the same memory pool."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from tqdm import tqdm
 from xrt.attention.metadata import AttentionMetadata
 from xrt.config import Device, XrtConfig
 from xrt.executor.buckets import Buckets
+from xrt.executor.prefill_graph import PrefillGraphs, PrefillShapes, capture_graph, graph_pool_bytes, static_bytes
 from xrt.executor.prepare import DecodeStaging, pad_decode_rows
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import StepInput
@@ -170,6 +174,7 @@ class CudaGraphRunner(ModelRunner):
         # Set before the base constructor: it runs prefill steps through execute() to size the KV cache.
         self.buckets = Buckets.from_args(cfg.executor)
         self.graphs: dict[int, DecodeGraph] = {}
+        self.prefill_graphs: PrefillGraphs | None = None
         self.last_argmax: torch.Tensor | None = None
         # Counts forward passes; a launch may take tokens from the previous one only.
         self._num_passes = 0
@@ -189,6 +194,33 @@ class CudaGraphRunner(ModelRunner):
         self.inputs = DecodeInputs(self.buckets.largest, self.max_pages_per_seq, self.device)
         self._metas: dict[int, AttentionMetadata] = {}
         self.capture()
+        if cfg.executor.prefill_graph:
+            self.prefill_graphs = PrefillGraphs(self, cfg.executor)
+            self.prefill_graphs.capture(self._pool, self._stream)
+
+    def _num_pages(self) -> int:
+        """Sized from memory, the KV cache also leaves room for the prefill graphs: their share of the
+        graph memory pool (about the peak activations of the largest one) and their static buffers."""
+        pages = super()._num_pages()
+        ex = self.cfg.executor
+        if self.cfg.cache.num_pages or not ex.prefill_graph:
+            return pages
+        shapes = PrefillShapes.from_args(ex)
+        head = self.model.lm_head
+        pool = graph_pool_bytes(self, shapes.max_seqs, shapes.max_tokens)
+        reserve = pool + static_bytes(shapes, head.num_embeddings, head.weight.element_size())
+        cut = -(-reserve // self.bytes_per_page)
+        print(
+            f"[xrt] KV cache: {cut} of {pages} pages ({reserve / GB:.2f} GiB) left to the prefill graphs "
+            f"(pool {pool / GB:.2f} GiB for {shapes.max_seqs} sequences x {shapes.max_tokens} tokens)",
+            flush=True,
+        )
+        if pages - cut < 1:
+            raise ValueError(
+                f"executor.prefill_graph_max_tokens: prefill graphs of {shapes.max_tokens} tokens leave no room "
+                f"for the KV cache; lower it, set executor.prefill_graph=false, or set cache.num_pages"
+            )
+        return pages - cut
 
     # -- per-bucket metadata and plan -------------------------------------------------------------
 
@@ -271,8 +303,9 @@ class CudaGraphRunner(ModelRunner):
             self.buckets.largest, head.num_embeddings, dtype=head.weight.dtype, device=self.device
         )
         self._metas = {b: self._graph_meta(b) for b in sizes}
-        stream = torch.cuda.Stream(self.device)
-        pool = torch.cuda.graph_pool_handle()
+        # Kept for the prefill graphs, captured after these into the same pool.
+        self._stream = stream = torch.cuda.Stream(self.device)
+        self._pool = pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             # Warm-up: run every bucket once so every Triton specialization and FlashInfer module is
             # compiled and every lazy allocation (cuBLAS workspace of the capture stream) is made
@@ -287,9 +320,7 @@ class CudaGraphRunner(ModelRunner):
             # Largest first: later (smaller) graphs reuse the shared pool's blocks.
             for b in tqdm(sizes, desc="Capturing decode CUDA graphs", unit="graph", dynamic_ncols=True):
                 self._stage_dummy(b)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    logits = self._body(b)
+                graph, logits = capture_graph(lambda b=b: self._body(b), pool, stream)
                 self.graphs[b] = DecodeGraph(graph, logits)
         torch.cuda.synchronize(self.device)
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
@@ -306,6 +337,11 @@ class CudaGraphRunner(ModelRunner):
         holds the greedy token of each returned row (computed in the graph; a view valid until the
         next forward pass), else None."""
         self._num_passes += 1
+        if step.is_prefill and self.prefill_graphs is not None:
+            replayed = self.prefill_graphs.run(step)
+            if replayed is not None:
+                logits, self.last_argmax = replayed
+                return logits
         bucket = None if step.is_prefill or not self.graphs else self.buckets.bucket_for(len(step.seqs))
         if bucket is None:
             self.last_argmax = None

@@ -1,0 +1,471 @@
+"""CUDA-graph prefill (executor.prefill_graph) on CPU: the host staging of a padded prefill, the
+choice of graph shape, and the whole CudaGraphRunner simulated. The simulation fakes torch.cuda's
+graphs (a replay re-runs the captured closure, which reads only the static buffers), events and
+streams, and FlashInfer over a torch reference (paged attention for eager steps, ragged causal
+attention over this step's k/v read from the static qo_indptr buffer for graph prefills). Greedy
+generations with prefill graphs must equal the eager runner's, and steps that do not fit a graph
+(a cached prefix, a later chunk, too many sequences or tokens) must run eager."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import xrt.executor.cudagraph as cudagraph_mod
+import xrt.executor.prefill_graph as prefill_mod
+import xrt.executor.runner as runner_mod
+from xrt.attention.flashinfer import FlashInferBackend, GraphDecodeBuffers, GraphPrefillBuffers
+from xrt.attention.metadata import AttentionMetadata
+from xrt.attention.torch_ref import TorchRefBackend
+from xrt.config import (
+    CacheArgs,
+    Device,
+    DType,
+    ExecutorArgs,
+    ExecutorKind,
+    LoadFormat,
+    ModelArgs,
+    SamplingArgs,
+    SchedulerArgs,
+    XrtConfig,
+)
+from xrt.executor.prefill_graph import (
+    PrefillShapes,
+    default_token_buckets,
+    padding_step,
+    seq_buckets,
+    stage_padding,
+    stage_prefill,
+    static_bytes,
+)
+from xrt.executor.runner import ModelRunner
+from xrt.executor.step import SeqChunk, StepInput
+from xrt.ops import reference
+
+# -- staging and shapes (no fakes) -------------------------------------------------------------------
+
+
+def test_default_buckets() -> None:
+    assert default_token_buckets(8192) == [256, 512, 1024, 2048, 4096, 8192]
+    assert default_token_buckets(3000) == [256, 512, 1024, 2048, 3000]
+    assert default_token_buckets(100) == [100]
+    assert seq_buckets(8) == [1, 2, 4, 8]
+    assert seq_buckets(6) == [1, 2, 4, 6]
+    assert seq_buckets(1) == [1]
+
+
+def test_prefill_graph_is_off_by_default_and_buckets_are_checked() -> None:
+    args = ExecutorArgs()
+    assert args.prefill_graph is False and args.prefill_graph_max_tokens == 8192
+    assert PrefillShapes.from_args(args) == PrefillShapes((1, 2, 4, 8), (256, 512, 1024, 2048, 4096, 8192))
+    bad = ExecutorArgs(prefill_graph_max_tokens=64, prefill_graph_token_buckets=[16, 128])
+    assert bad.check() == [("prefill_graph_token_buckets", "must all be <= prefill_graph_max_tokens=64, got 128")]
+    assert PrefillShapes.from_args(ExecutorArgs(prefill_graph_token_buckets=[64, 16, 64])).token_sizes == (16, 64)
+
+
+def prefill(*lengths: int, start_pos: int = 0) -> StepInput:
+    return StepInput(True, [SeqChunk([7] * n, start_pos, list(range(64))) for n in lengths])
+
+
+def test_fit_picks_the_smallest_shape_or_none() -> None:
+    shapes = PrefillShapes((1, 2, 4, 8), (16, 32, 64))
+    assert shapes.fit(prefill(16)) == (1, 16)
+    assert shapes.fit(prefill(17)) == (1, 32)
+    assert shapes.fit(prefill(3, 4, 5)) == (4, 16)
+    assert shapes.fit(prefill(*[8] * 8)) == (8, 64)
+    assert shapes.fit(prefill(*[1] * 9)) is None  # too many sequences
+    assert shapes.fit(prefill(40, 30)) is None  # too many tokens
+    assert shapes.fit(prefill(4, start_pos=8)) is None  # cached prefix / later chunk
+    assert shapes.fit(StepInput(True, [SeqChunk([7], 0, [0]), SeqChunk([7], 3, [0])])) is None
+    assert shapes.fit(StepInput(True, [SeqChunk([], 0, [])])) is None
+    assert shapes.fit(StepInput(False, [SeqChunk([7], 0, [0])])) is None  # decode
+    assert shapes.all()[0] == (8, 64) and shapes.all()[-1] == (1, 16) and len(shapes.all()) == 12
+
+
+def test_stage_prefill_real_sequences_then_empty_slots_then_the_dummy() -> None:
+    ps = 4
+    step = StepInput(
+        True,
+        [
+            SeqChunk([11, 12, 13, 14, 15], 0, [9, 2]),  # crosses into its 2nd page
+            SeqChunk([21, 22], 0, [5], needs_logits=False),  # a first chunk: no logits
+            SeqChunk([31], 0, [3]),
+        ],
+    )
+    flat = np.full(3 * 12 + 4, 77, dtype=np.int64)  # junk: every slot the graph reads must be written
+    qo = np.full(6, 77, dtype=np.int32)
+    assert stage_prefill(step, 4, 12, ps, flat, qo) == 2
+    ids, pos, slots, rows = flat[:12], flat[12:24], flat[24:36], flat[36:]
+    assert ids.tolist() == [11, 12, 13, 14, 15, 21, 22, 31, 0, 0, 0, 0]
+    assert pos.tolist() == [0, 1, 2, 3, 4, 0, 1, 0, 0, 0, 0, 0]
+    assert slots.tolist() == [36, 37, 38, 39, 8, 20, 21, 12, -1, -1, -1, -1]
+    assert rows.tolist() == [4, 7, 0, 0]
+    assert qo.tolist() == [0, 5, 7, 8, 8, 12]
+
+
+def test_stage_prefill_exact_fit_leaves_the_dummy_empty() -> None:
+    flat = np.zeros(3 * 8 + 2, dtype=np.int64)
+    qo = np.zeros(4, dtype=np.int32)
+    assert stage_prefill(prefill(5, 3), 2, 8, 4, flat, qo) == 2
+    assert qo.tolist() == [0, 5, 8, 8]
+    assert flat[16:24].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # both page tables are 0..63
+    assert flat[24:].tolist() == [4, 7]
+
+
+def test_stage_prefill_rejects_what_no_graph_holds() -> None:
+    flat = np.zeros(3 * 8 + 2, dtype=np.int64)
+    qo = np.zeros(4, dtype=np.int32)
+    with pytest.raises(ValueError, match=r"step.seqs\[0\]: a graph prefill starts at position 0, got 4"):
+        stage_prefill(prefill(2, start_pos=4), 2, 8, 4, flat, qo)
+    with pytest.raises(ValueError, match=r"step.seqs\[0\]: page_table has 1 pages, 5 tokens need 2"):
+        stage_prefill(StepInput(True, [SeqChunk([1] * 5, 0, [3])]), 2, 8, 4, flat, qo)
+    with pytest.raises(ValueError, match="3 sequences do not fit a prefill graph of 2"):
+        stage_prefill(prefill(1, 1, 1), 2, 8, 4, flat, qo)
+    with pytest.raises(ValueError, match="9 tokens do not fit a prefill graph of 8"):
+        stage_prefill(prefill(5, 4), 2, 8, 4, flat, qo)
+
+
+def test_stage_padding_and_padding_step_agree() -> None:
+    for seqs, tokens in [(4, 16), (4, 4), (8, 3)]:
+        flat = np.full(3 * tokens + seqs, 77, dtype=np.int64)
+        qo = np.full(seqs + 2, 77, dtype=np.int32)
+        stage_padding(seqs, tokens, flat, qo)
+        assert flat[2 * tokens : 3 * tokens].tolist() == [-1] * tokens
+        assert flat[:tokens].tolist() == [0] * tokens
+        assert qo[-1] == tokens and all(np.diff(qo) >= 0)
+        assert (flat[3 * tokens :] < tokens).all()
+        step = padding_step(seqs, tokens, 4)
+        lengths = [len(c.token_ids) for c in step.seqs]
+        assert sum(lengths) == tokens
+        assert lengths[: min(seqs, tokens)] == [1] * min(seqs, tokens)
+
+
+def test_static_bytes_counts_every_buffer() -> None:
+    shapes = PrefillShapes((1, 2), (16, 32))
+    assert static_bytes(shapes, 100, 2) == 8 * (96 + 2) + 2 * 100 * 2 + 8 * 2 + 2 * 4 * 4 + (2 << 20)
+
+
+# -- the simulated CUDA-graph runner ----------------------------------------------------------------
+
+
+def ragged_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: list[int], scale: float
+) -> torch.Tensor:
+    """Each sequence attends causally over its own k/v (FlashInfer's ragged prefill)."""
+    out = torch.zeros_like(q)
+    group = q.shape[1] // k.shape[1]
+    for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True):
+        if a == b:
+            continue
+        qs = q[a:b].transpose(0, 1).float()
+        ks = k[a:b].repeat_interleave(group, dim=1).transpose(0, 1).float()
+        vs = v[a:b].repeat_interleave(group, dim=1).transpose(0, 1).float()
+        scores = qs @ ks.transpose(1, 2) * scale
+        mask = torch.ones(b - a, b - a, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        out[a:b] = (probs @ vs).transpose(0, 1).to(q.dtype)
+    return out
+
+
+class FakeFlashInfer(FlashInferBackend):
+    """FlashInferBackend's graph API over torch references. Graph replays read the static buffers
+    at replay time, as the captured kernels would."""
+
+    def __init__(self, page_size: int, device: torch.device) -> None:  # no super(): no flashinfer here
+        self.page_size = page_size
+        self.device = device
+        self.ref = TorchRefBackend()
+        self.graph_buffers: GraphDecodeBuffers | None = None
+        self.graph_prefill_buffers: GraphPrefillBuffers | None = None
+        self.mode = ""
+        self.prefill_key: tuple[int, int] | None = None
+        self.plans = 0
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        self.ref.plan(meta)
+        self.mode = "eager"
+
+    def enable_graph_decode(self, batch_sizes: list[int], max_pages_per_seq: int) -> None:
+        self.graph_buffers = GraphDecodeBuffers(max(batch_sizes), max_pages_per_seq, self.device)
+        self.decode_sizes = set(batch_sizes)
+
+    def plan_graph_decode(self, kv_indptr_host: torch.Tensor, kv_indices: torch.Tensor, last: torch.Tensor) -> None:
+        b, bufs = last.numel(), self.graph_buffers
+        assert bufs is not None and b in self.decode_sizes
+        bufs.kv_indptr[: b + 1].copy_(kv_indptr_host)
+        bufs.kv_last_page_len[:b].copy_(last)
+        bufs.kv_indices[: kv_indices.numel()].copy_(kv_indices)
+        self.mode = "graph_decode"
+
+    def enable_graph_prefill(self, shapes: list[tuple[int, int]]) -> None:
+        self.graph_prefill_buffers = GraphPrefillBuffers(max(e for e, _ in shapes), self.device)
+        self.prefill_shapes = set(shapes)
+        self.rows_fixed: dict[tuple[int, int], int] = {}
+
+    def plan_graph_prefill(self, qo_indptr_host: torch.Tensor) -> None:
+        key = (qo_indptr_host.numel() - 1, int(qo_indptr_host[-1]))
+        assert key in self.prefill_shapes, key
+        qo = qo_indptr_host.tolist()
+        assert qo[0] == 0 and all(a <= b for a, b in zip(qo, qo[1:], strict=False))
+        # FlashInfer fixes a CUDA-graph wrapper's row count at its first plan.
+        assert self.rows_fixed.setdefault(key, qo[-1]) == qo[-1]
+        bufs = self.graph_prefill_buffers
+        assert bufs is not None
+        bufs.qo_indptr[: key[0] + 1].copy_(qo_indptr_host)
+        self.mode, self.prefill_key = "graph_prefill", key
+        self.plans += 1
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        layer_idx: int,
+        scale: float,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.mode == "eager":
+            return self.ref.forward(q, kv_cache, layer_idx, scale)
+        if self.mode == "graph_decode":
+            b, bufs = q.shape[0], self.graph_buffers
+            assert bufs is not None
+            rows = torch.arange(b + 1, dtype=torch.int32)
+            return reference.paged_attention(
+                q, kv_cache, rows, bufs.kv_indptr[: b + 1], bufs.kv_indices, bufs.kv_last_page_len[:b], scale
+            )
+        assert self.mode == "graph_prefill" and self.prefill_key is not None and k is not None and v is not None
+        entries, tokens = self.prefill_key
+        assert q.shape[0] == tokens, "the replayed graph is not the one just planned"
+        bufs = self.graph_prefill_buffers
+        assert bufs is not None
+        return ragged_causal_attention(q, k, v, bufs.qo_indptr[: entries + 1].tolist(), scale)
+
+
+class FakeGraph:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.fn()
+
+
+class FakeEvent:
+    def record(self, *args: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def fake_capture_graph(fn: Callable[[], Any], pool: Any, stream: Any) -> tuple[FakeGraph, Any]:
+    return FakeGraph(fn), fn()
+
+
+def no_pin(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def make(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        return fn(*args, **kwargs)
+
+    return make
+
+
+@contextlib.contextmanager
+def simulated_cuda() -> Iterator[pytest.MonkeyPatch]:
+    stream = types.SimpleNamespace(wait_stream=lambda other: None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        mp.setattr(torch.cuda, "Event", FakeEvent)
+        mp.setattr(torch.cuda, "Stream", lambda *a, **k: stream)
+        mp.setattr(torch.cuda, "current_stream", lambda *a: stream)
+        mp.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        mp.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+        mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+        mp.setattr(torch.cuda, "mem_get_info", lambda *a: (0, 1))
+        mp.setattr(torch, "zeros", no_pin(torch.zeros))
+        mp.setattr(torch, "ones", no_pin(torch.ones))
+        mp.setattr(runner_mod, "resolve_device", lambda cfg: torch.device("cpu"))
+        mp.setattr(ModelRunner, "_make_backend", lambda self: FakeFlashInfer(self.page_size, self.device))
+        mp.setattr(cudagraph_mod, "capture_graph", fake_capture_graph)
+        mp.setattr(prefill_mod, "capture_graph", fake_capture_graph)
+        yield mp
+
+
+VOCAB = 512
+MAX_MODEL_LEN = 512
+MAX_TOKENS = 128  # token buckets 32, 64, 128
+MAX_SEQS = 8  # sequence buckets 1, 2, 4, 8
+
+
+def sim_config(kind: ExecutorKind, num_pages: int = 4096, **executor: Any) -> XrtConfig:
+    model = ModelArgs(
+        name="sim", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=MAX_MODEL_LEN,
+        max_model_len=MAX_MODEL_LEN, load_format=LoadFormat.DUMMY, dtype=DType.FLOAT32,
+    )
+    ex = ExecutorArgs(
+        kind=kind, max_batch=16, prefill_graph=kind is ExecutorKind.CUDAGRAPH, prefill_graph_max_tokens=MAX_TOKENS,
+        prefill_graph_token_buckets=[32, 64, 128], prefill_graph_max_seqs=MAX_SEQS, **executor,
+    )
+    return XrtConfig(
+        model=model, device=Device.AUTO, executor=ex,
+        cache=CacheArgs(page_size=4, num_pages=num_pages, prefix_caching=True),
+        # Prompts over 128 tokens are chunked: the first chunk (start 0, no logits) fits a graph exactly.
+        scheduler=SchedulerArgs(max_batched_tokens=MAX_TOKENS),
+        seed=3,
+    )
+
+
+def widen_weights(model: torch.nn.Module) -> None:
+    """Dummy weights (std 0.02) make greedy output nearly context-free; std 0.3 makes it depend on
+    every token, so a wrong attention row changes the generations."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(15.0)
+
+
+class Spy:
+    """Records, per prefill step the graph runner executes, whether a graph replayed it."""
+
+    def __init__(self, graphs: Any) -> None:
+        self.graphs = graphs
+        self.run = graphs.run
+        self.steps: list[tuple[StepInput, bool]] = []
+        graphs.run = self
+
+    def __call__(self, step: StepInput) -> Any:
+        out = self.run(step)
+        self.steps.append((step, out is not None))
+        return out
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[tuple[Any, Any, Spy]]:
+    from xrt.engine.llm import LLM
+
+    with simulated_cuda():
+        eager = LLM(sim_config(ExecutorKind.EAGER))
+        graph = LLM(sim_config(ExecutorKind.CUDAGRAPH))
+        for llm in (eager, graph):
+            widen_weights(llm.engine.runner.model)
+        yield eager, graph, Spy(graph.engine.runner.prefill_graphs)
+
+
+def generations(llm: Any, prompts: list[list[int]], sampling: list[SamplingArgs]) -> list[tuple[list[int], str]]:
+    return [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, sampling, use_tqdm=False)]
+
+
+def test_graphs_captured_for_every_shape(sim: tuple[Any, Any, Spy]) -> None:
+    runner = sim[1].engine.runner
+    assert sorted(runner.prefill_graphs.graphs) == sorted((s, t) for s in (1, 2, 4, 8) for t in (32, 64, 128))
+    assert sorted(runner.graphs) == [1, 2, 4, 8, 16]  # the decode graphs as before
+    assert sim[0].engine.runner.__class__ is ModelRunner
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 9])
+def test_greedy_generation_identical_to_eager(sim: tuple[Any, Any, Spy], batch: int) -> None:
+    eager, graph, spy = sim
+    rng = random.Random(1000 + batch)
+    # Lengths vary; 9 prompts of up to 14 tokens fit the token budget in one step but not a graph.
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 14))] for _ in range(batch)]
+    sampling = [SamplingArgs(max_tokens=rng.randint(1, 12), ignore_eos=True) for _ in range(batch)]
+    before = len(spy.steps)
+    want = generations(eager, prompts, sampling)
+    got = generations(graph, prompts, sampling)
+    assert got == want
+    assert [len(t) for t, _ in got] == [s.max_tokens for s in sampling]
+    steps = spy.steps[before:]
+    assert [len(step.seqs) for step, _ in steps] == [batch]  # one prefill step
+    assert steps[0][1] is (batch <= MAX_SEQS)
+
+
+def test_chunked_prompt_first_chunk_replays_later_chunk_runs_eager(sim: tuple[Any, Any, Spy]) -> None:
+    eager, graph, spy = sim
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(150)]]
+    sampling = [SamplingArgs(max_tokens=8, ignore_eos=True)]
+    before = len(spy.steps)
+    assert generations(graph, prompts, sampling) == generations(eager, prompts, sampling)
+    steps = spy.steps[before:]
+    # 128 tokens without logits (an exact fit: the dummy sequence is empty), then 22 from position 128.
+    assert [(len(s.seqs[0].token_ids), s.seqs[0].start_pos, replayed) for s, replayed in steps] == [
+        (128, 0, True), (22, 128, False)
+    ]
+
+
+def test_cached_prefix_runs_eager(sim: tuple[Any, Any, Spy]) -> None:
+    eager, graph, spy = sim
+    rng = random.Random(8)
+    shared = [rng.randrange(1, VOCAB) for _ in range(16)]
+    sampling = [SamplingArgs(max_tokens=6, ignore_eos=True)]
+    before = len(spy.steps)
+    for tail in ([], [5, 6, 7]):
+        assert generations(graph, [shared + tail], sampling) == generations(eager, [shared + tail], sampling)
+    steps = spy.steps[before:]
+    assert [(s.seqs[0].start_pos > 0, replayed) for s, replayed in steps] == [(False, True), (True, False)]
+
+
+def random_prefill(lengths: list[int], rng: random.Random, no_logits: set[int]) -> StepInput:
+    pages = list(range(1000, 4096))
+    rng.shuffle(pages)
+    seqs = []
+    for i, n in enumerate(lengths):
+        k = -(-n // 4)
+        table, pages = pages[:k], pages[k:]
+        seqs.append(SeqChunk([rng.randrange(VOCAB) for _ in range(n)], 0, table, needs_logits=i not in no_logits))
+    return StepInput(True, seqs)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "no_logits"), [([32], set()), ([5], set()), ([9, 1, 30], {1}), ([3] * 8, {0, 7}), ([20, 12], {0, 1})]
+)
+def test_replayed_logits_match_eager_on_the_same_runner(
+    sim: tuple[Any, Any, Spy], lengths: list[int], no_logits: set[int]
+) -> None:
+    runner = sim[1].engine.runner
+    step = random_prefill(lengths, random.Random(sum(lengths)), no_logits)
+    want = ModelRunner.execute(runner, step).clone()
+    graphs_before = len(sim[2].steps)
+    got = runner.execute(step)
+    assert sim[2].steps[graphs_before][1] is True
+    assert got.shape == want.shape == (len(lengths) - len(no_logits), VOCAB)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert runner.last_argmax is not None
+    assert torch.equal(runner.last_argmax, want.argmax(dim=-1))
+
+
+def test_padding_writes_no_kv(sim: tuple[Any, Any, Spy]) -> None:
+    """A replay writes exactly its sequences' slots: the padding tokens (slot -1) write nothing."""
+    runner = sim[1].engine.runner
+    step = random_prefill([5, 6], random.Random(3), set())
+    runner.kv_cache.zero_()
+    runner.execute(step)
+    written = runner.kv_cache[0].abs().sum(dim=(1, 3, 4)).flatten() != 0  # [pages * page_size] per slot
+    want = torch.zeros_like(written)
+    for chunk in step.seqs:
+        for pos in range(len(chunk.token_ids)):
+            want[chunk.page_table[pos // 4] * 4 + pos % 4] = True
+    assert torch.equal(written, want)
+
+
+def test_kv_cache_leaves_room_for_the_prefill_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = 123_456
+    with simulated_cuda() as mp:
+        mp.setattr(cudagraph_mod, "graph_pool_bytes", lambda host, seqs, tokens: pool if (seqs, tokens) == (
+            MAX_SEQS, MAX_TOKENS) else 0)
+        cfg = sim_config(ExecutorKind.CUDAGRAPH, num_pages=0)
+        runner = cudagraph_mod.CudaGraphRunner(cfg)
+        base = ModelRunner._num_pages(runner)
+        shapes = PrefillShapes.from_args(cfg.executor)
+        reserve = pool + static_bytes(shapes, VOCAB, 4)
+        assert runner.num_pages == base - -(-reserve // runner.bytes_per_page)
+        mp.setattr(cudagraph_mod, "graph_pool_bytes", lambda host, seqs, tokens: 10**12)
+        with pytest.raises(ValueError, match=r"^executor.prefill_graph_max_tokens: prefill graphs of 128 tokens"):
+            cudagraph_mod.CudaGraphRunner(cfg)
