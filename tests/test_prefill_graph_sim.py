@@ -152,6 +152,76 @@ def test_static_bytes_counts_every_buffer() -> None:
     assert static_bytes(shapes, 100, 2) == 8 * (96 + 2) + 2 * 100 * 2 + 8 * 2 + 2 * 4 * 4 + (2 << 20)
 
 
+# -- FlashInferBackend's CUDA-graph prefill wrappers, over a recording stand-in for flashinfer -------
+
+
+class RecordingWrapper:
+    """Stands in for flashinfer.BatchPrefillWithRaggedKVCacheWrapper."""
+
+    fail: str | None = None
+
+    def __init__(self, workspace: torch.Tensor, layout: str, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.int_workspace: torch.Tensor | None = None
+        self.plans: list[list[int]] = []
+
+    def reset_workspace_buffer(self, float_workspace: torch.Tensor, int_workspace: torch.Tensor) -> None:
+        self.int_workspace = int_workspace
+
+    def plan(self, qo: torch.Tensor, kv: torch.Tensor, *args: Any, causal: bool, **kwargs: Any) -> None:
+        if self.fail:
+            raise RuntimeError(self.fail)
+        assert causal and torch.equal(qo, kv)
+        self.plans.append(qo.tolist())
+
+
+def recording_backend() -> FlashInferBackend:
+    backend = object.__new__(FlashInferBackend)  # no flashinfer on this machine
+    backend._fi = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=RecordingWrapper)
+    backend.device = torch.device("cpu")
+    backend.workspace = torch.empty(32 << 20, dtype=torch.uint8)
+    backend.num_heads, backend.num_kv_heads, backend.head_dim = 4, 2, 128
+    backend.dtype = backend.kv_dtype = torch.bfloat16
+    backend.scale = 128**-0.5
+    backend.plans = 0
+    backend._set_active(None, "")
+    return backend
+
+
+def test_graph_prefill_wrappers_share_buffers_and_replan_only_when_needed() -> None:
+    backend = recording_backend()
+    backend.enable_graph_prefill([(3, 16), (3, 32), (5, 16)])
+    bufs = backend.graph_prefill_buffers
+    assert bufs is not None and bufs.qo_indptr.numel() == 6
+    wrappers = backend._graph_prefill
+    for (entries, _), w in wrappers.items():
+        assert w.kwargs["use_cuda_graph"] is True
+        assert w.kwargs["qo_indptr_buf"].numel() == w.kwargs["kv_indptr_buf"].numel() == entries + 1
+        assert w.kwargs["qo_indptr_buf"].data_ptr() == bufs.qo_indptr.data_ptr()
+        assert w.int_workspace is bufs.int_workspace  # one integer workspace for all of them
+    qo = torch.tensor([0, 5, 9, 16], dtype=torch.int32)
+    backend.plan_graph_prefill(qo)
+    backend.plan_graph_prefill(qo.clone())  # same plan: kept
+    assert wrappers[(3, 16)].plans == [[0, 5, 9, 16]] and backend._active_kind == "ragged"
+    backend.plan_graph_prefill(torch.tensor([0, 5, 9, 9, 9, 16], dtype=torch.int32))
+    backend.plan_graph_prefill(qo)  # another wrapper planned in between: the shared workspace changed
+    assert wrappers[(3, 16)].plans == [[0, 5, 9, 16]] * 2 and backend._active is wrappers[(3, 16)]
+    backend.plan_graph_prefill(torch.tensor([0, 1, 2, 16], dtype=torch.int32))
+    assert len(wrappers[(3, 16)].plans) == 3 and backend.plans == 4
+    with pytest.raises(ValueError, match=r"no CUDA-graph prefill wrapper for 3 sequences and 64 tokens"):
+        backend.plan_graph_prefill(torch.tensor([0, 1, 2, 64], dtype=torch.int32))
+    RecordingWrapper.fail = "Buffer overflow when allocating memory for batch_prefill_tmp_v"
+    try:
+        with pytest.raises(ValueError, match=r"^executor.workspace_mb: 32 MiB is too small for a CUDA-graph prefill "
+                                             r"of 32 tokens"):
+            backend.plan_graph_prefill(torch.tensor([0, 1, 2, 32], dtype=torch.int32))
+        RecordingWrapper.fail = "something else"
+        with pytest.raises(RuntimeError, match="something else"):
+            backend.plan_graph_prefill(torch.tensor([0, 1, 3, 32], dtype=torch.int32))
+    finally:
+        RecordingWrapper.fail = None
+
+
 # -- the simulated CUDA-graph runner ----------------------------------------------------------------
 
 

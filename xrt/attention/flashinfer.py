@@ -235,8 +235,17 @@ class FlashInferBackend:
         last = self._graph_prefill_plan
         if last is None or last[0] != key or not torch.equal(last[1], qo_indptr_host):
             h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-            # The first plan of a CUDA-graph wrapper fixes its row count: always `tokens` rows here.
-            wrapper.plan(qo_indptr_host, qo_indptr_host, h, kv, d, causal=True, **self._dtypes(self.dtype))
+            try:
+                # The first plan of a CUDA-graph wrapper fixes its row count: always `tokens` rows here.
+                wrapper.plan(qo_indptr_host, qo_indptr_host, h, kv, d, causal=True, **self._dtypes(self.dtype))
+            except Exception as e:
+                # FlashInfer's planner reports a short workspace as "Buffer overflow when allocating ...".
+                if not any(word in str(e).lower() for word in ("workspace", "overflow")):
+                    raise
+                raise ValueError(
+                    f"executor.workspace_mb: {self.workspace.numel() >> 20} MiB is too small for a CUDA-graph "
+                    f"prefill of {key[1]} tokens ({e}); raise it or lower executor.prefill_graph_max_tokens"
+                ) from e
             self._graph_prefill_plan = (key, qo_indptr_host.clone())
             self.plans += 1
         self._set_active(wrapper, "ragged")

@@ -4,11 +4,12 @@ step in which every sequence starts at position 0 (no cached prefix: FlashInfer'
 over this step's own k/v) and that fits a (sequences, tokens) bucket replays a captured graph.
 
 Layout of a replay of S sequence slots and T token slots: the real sequences first, then empty
-sequences up to S, then one dummy sequence holding the padding tokens (token 0, position 0, slot -1
-so nothing is written to the KV cache); its causal attention over its own q/k/v is well defined and
-no real row reads it. qo_indptr therefore has S + 2 entries and always ends at T, the fixed row
-count of the wrapper's CUDA-graph plan. Only the last token of each sequence that wants logits goes
-through lm_head inside the graph (rows gathered before the projection), then greedy argmax."""
+sequences up to S, then one dummy sequence holding the padding tokens (token 0, slot -1 so nothing
+is written to the KV cache, position 0 because a bucket may be longer than the RoPE table); its
+causal attention over its own q/k/v is well defined and no real row reads it. qo_indptr therefore
+has S + 2 entries and always ends at T, the fixed row count of the wrapper's CUDA-graph plan. Only
+the last token of each sequence that wants logits goes through lm_head inside the graph (rows
+gathered before the projection), then greedy argmax."""
 
 from __future__ import annotations
 
