@@ -2,7 +2,10 @@
 ragged prefill with and without cached prefixes, decode, page boundaries, bf16 and fp16 KV, padded
 decode buckets and a captured CUDA-graph decode re-planned with new lengths.
 
-Every case uses head_dim 128 so the whole file (and the executor tests) share a few JIT modules."""
+Every case uses head_dim 128 so the whole file (and the executor tests) share a few JIT modules. FlashInfer
+0.6.14 JIT-compiles one module per (dtype, wrapper kind) on first use: bf16 decode (~11 s cold) and bf16
+prefill (paged and ragged share it, ~75 s cold) are what the models here use; the fp16 pair and the
+tensor-core (GQA group >= 4) decode are three more, so their tests are `slow` (full run only)."""
 
 from __future__ import annotations
 
@@ -103,7 +106,7 @@ DECODE = [(0, 1), (14, 1), (15, 1), (16, 1), (199, 1), (512, 1)]
 HEADS = [(16, 8), (8, 2)]  # Qwen3-0.6B's GQA group 2 (CUDA-core decode) and group 4 (tensor-core decode)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "seqs", [PREFILL_NO_PREFIX, PREFILL_WITH_PREFIX, DECODE], ids=["prefill", "prefill_prefix", "decode"]
 )
@@ -119,6 +122,7 @@ def test_backend_matches_reference(device: torch.device, dtype: torch.dtype, seq
     assert err < TOLERANCE, f"{dtype} {seqs}: relative error {err:.3e}"
 
 
+@pytest.mark.slow
 def test_tensor_core_decode_matches_reference(device: torch.device) -> None:
     heads, kv_heads = HEADS[1]
     meta = build_meta(DECODE, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(3), False)
@@ -186,6 +190,7 @@ def test_ragged_backend_reads_the_cache_when_there_is_a_prefix(device: torch.dev
     assert err < TOLERANCE, f"{seqs}: relative error {err:.3e}"
 
 
+@pytest.mark.slow  # paged prefill correctness is in the smoke subset (prefill_prefix); this adds the profiler
 def test_paged_prefill_launches_no_fill_kernel(device: torch.device) -> None:
     """FlashInfer zero-fills the output it allocates; the backend hands it an empty one (every row is
     written), so the forward launches the attention kernel only."""
@@ -227,7 +232,7 @@ def padded_decode_plan(
     return indptr, meta.kv_indices_host, last
 
 
-@pytest.mark.parametrize("heads,kv_heads", HEADS)
+@pytest.mark.parametrize(("heads", "kv_heads"), [HEADS[0], pytest.param(*HEADS[1], marks=pytest.mark.slow)])
 def test_graph_decode_padded_and_replanned(device: torch.device, heads: int, kv_heads: int) -> None:
     """Capture decode attention for a bucket of 8, then replay it after re-planning with other
     (padded) batches and lengths: the real rows must match the reference every time."""

@@ -1,7 +1,11 @@
 """End to end on the GPU: the tiny checkpoint in float32 generates the CPU path's greedy tokens;
 the Qwen3-0.6B shape in bf16 (HF's random weights loaded into ours) tracks HF transformers bf16
 (logits close, greedy tokens identical step by step under teacher forcing); KV-cache sizing from
-cache.max_memory_utilization."""
+cache.max_memory_utilization (the only GPU test that sizes the cache by profiling a prefill: every other one
+sets cache.num_pages).
+
+The smoke subset keeps the tiny checkpoint (fp32: torch reference attention, no FlashInfer) and the cudagraph
+refusal; the 0.6B tests (one HF model shared by both executors, ~1.2 GB of weights) are `slow`."""
 
 from __future__ import annotations
 
@@ -50,9 +54,15 @@ def test_tiny_fp32_on_gpu_matches_cpu_greedy(device: torch.device, tiny_cfg: Cal
     assert got == want
 
 
-def hf_model(transformers: object, device: torch.device) -> torch.nn.Module:
+@pytest.fixture(scope="module")
+def hf_qwen3() -> torch.nn.Module:
+    """HF transformers' Qwen3ForCausalLM at the 0.6B shape, random weights (seed 0), bf16, on the GPU: built
+    once for both executors."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    transformers = pytest.importorskip("transformers")
     s = QWEN3_06B
-    config = transformers.Qwen3Config(  # type: ignore[attr-defined]
+    config = transformers.Qwen3Config(
         vocab_size=s["vocab_size"], hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
         num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
         num_key_value_heads=s["num_key_value_heads"], head_dim=s["head_dim"], rope_theta=s["rope_theta"],
@@ -60,8 +70,8 @@ def hf_model(transformers: object, device: torch.device) -> torch.nn.Module:
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.Qwen3ForCausalLM(config)  # type: ignore[attr-defined]
+    with torch.device("cuda"):
+        model = transformers.Qwen3ForCausalLM(config)
     return model.to(torch.bfloat16).eval()
 
 
@@ -84,13 +94,13 @@ def our_greedy(runner: object, prompts: list[list[int]], steps: int) -> tuple[li
     return out, all_logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [ExecutorKind.EAGER, ExecutorKind.CUDAGRAPH])
-def test_qwen3_06b_bf16_matches_hf(device: torch.device, kind: ExecutorKind) -> None:
-    transformers = pytest.importorskip("transformers")
+def test_qwen3_06b_bf16_matches_hf(device: torch.device, kind: ExecutorKind, hf_qwen3: torch.nn.Module) -> None:
     pytest.importorskip("flashinfer")
     from xrt.executor.factory import build_runner
 
-    hf = hf_model(transformers, device)
+    hf = hf_qwen3
     cfg = XrtConfig(
         model=ModelArgs(**QWEN3_06B, load_format=LoadFormat.DUMMY, dtype=DType.BFLOAT16, max_model_len=512),
         executor=ExecutorArgs(kind=kind, max_batch=8),
@@ -128,6 +138,7 @@ def test_qwen3_06b_bf16_matches_hf(device: torch.device, kind: ExecutorKind) -> 
           f"({near_ties} near-ties)")
 
 
+@pytest.mark.slow
 def test_kv_cache_sized_from_memory_utilization(device: torch.device) -> None:
     pytest.importorskip("flashinfer")
     from xrt.executor.runner import ModelRunner

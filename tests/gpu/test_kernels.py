@@ -210,43 +210,53 @@ FUSED_SHAPES = [(1, 16, 8, 128, 16), (37, 16, 8, 128, 16), (11, 4, 2, 16, 4), (5
                 (6, 14, 2, 32, 2)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def cases(shapes: list[tuple[int, ...]], *quick: tuple[torch.dtype, tuple[int, ...]]) -> list:
+    """Every (dtype, shape) of DTYPES x shapes. Only the `quick` ones are in the smoke subset (`-m "not slow"`):
+    bf16 at a Qwen3-0.6B shape (the specialization the model, the dispatch and the graph tests use too) and an
+    odd shape in another dtype. Triton compiles each (dtype, width) once, ~0.5-1 s on a cold cache."""
+    return [
+        pytest.param(dtype, shape, id=f"{str(dtype).removeprefix('torch.')}-{shape}",
+                     marks=() if (dtype, shape) in quick else pytest.mark.slow)
+        for shape in shapes for dtype in DTYPES
+    ]
+
+
+@pytest.mark.parametrize(("dtype", "shape"), cases(NORM_SHAPES, (torch.bfloat16, (7, 1024)),
+                                                   (torch.float32, (33, 1000))))
 def test_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple[int, int]) -> None:
     check_rms_norm(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+@pytest.mark.parametrize(("dtype", "shape"), cases(NORM_SHAPES, (torch.bfloat16, (7, 1024)),
+                                                   (torch.float16, (33, 1000))))
 def test_fused_add_rms_norm(device: torch.device, dtype: torch.dtype, shape: tuple[int, int]) -> None:
     check_fused_add_rms_norm(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SILU_SHAPES, ids=str)
+@pytest.mark.parametrize(("dtype", "shape"), cases(SILU_SHAPES, (torch.bfloat16, (9, 3072)), (torch.float32, (3, 100))))
 def test_silu_and_mul(device: torch.device, dtype: torch.dtype, shape: tuple[int, int]) -> None:
     check_silu_and_mul(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", QK_SHAPES, ids=str)
+@pytest.mark.parametrize(("dtype", "shape"), cases(QK_SHAPES, (torch.bfloat16, (7, 16, 8, 128)),
+                                                   (torch.float16, (3, 3, 3, 6))))
 def test_qk_norm_rope(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> None:
     check_qk_norm_rope(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=str)
+@pytest.mark.parametrize(("dtype", "shape"), cases(FUSED_SHAPES, (torch.bfloat16, (37, 16, 8, 128, 16)),
+                                                   (torch.float32, (5, 3, 3, 6, 1))))
 def test_qk_norm_rope_store_kv(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     check_qk_norm_rope_store_kv(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", STORE_SHAPES, ids=str)
+@pytest.mark.parametrize(("dtype", "shape"), cases(STORE_SHAPES, (torch.bfloat16, (37, 8, 128, 16)),
+                                                   (torch.float16, (5, 3, 6, 1))))
 def test_store_kv(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int]) -> None:
     check_store_kv(device, dtype, *shape)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=str)
 def test_layouts(device: torch.device, dtype: torch.dtype) -> None:
     check_layouts(device, dtype)
 
