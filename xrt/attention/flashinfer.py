@@ -63,10 +63,6 @@ class GraphPrefillBuffers:
         self.kv_indptr = torch.zeros(max_entries + 1, dtype=torch.int32, device=device)
         self.int_workspace = torch.zeros(GRAPH_PREFILL_INT_WORKSPACE, dtype=torch.uint8, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qo_indptr, self.kv_indptr, self.int_workspace))
-
 
 class FlashInferBackend:
     """plan(meta) once per step from the *_host tensors, then forward(q, kv_cache, layer_idx, scale)
