@@ -525,7 +525,7 @@ def test_padding_writes_no_kv(sim: tuple[Any, Any, Spy]) -> None:
     assert torch.equal(written, want)
 
 
-def test_kv_cache_leaves_room_for_the_prefill_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kv_cache_leaves_room_for_the_prefill_graphs() -> None:
     pool = 123_456
     with simulated_cuda() as mp:
         mp.setattr(cudagraph_mod, "graph_pool_bytes", lambda host, seqs, tokens: pool if (seqs, tokens) == (
