@@ -5,6 +5,7 @@ and the peak activations of the largest prefill step, measured by running one.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -15,12 +16,15 @@ from xrt.executor.step import SeqChunk, StepInput
 GB = 1 << 30
 
 
-class ProfiledRunner(Protocol):
+class ScratchHost(Protocol):
     device: torch.device
     dtype: torch.dtype
     page_size: int
-    max_model_len: int
     attention_layers: list[torch.nn.Module]
+
+
+class ProfiledRunner(ScratchHost, Protocol):
+    max_model_len: int
 
     def execute(self, step: StepInput) -> torch.Tensor: ...
 
@@ -47,22 +51,28 @@ def peak_activation_bytes(cfg: XrtConfig, runner: ProfiledRunner) -> int:
     step = profile_step(
         cfg.scheduler.max_batched_tokens, cfg.scheduler.max_num_seqs, runner.max_model_len, runner.page_size
     )
-    layers = runner.attention_layers
-    first = layers[0]
     num_pages = sum(len(s.page_table) for s in step.seqs)
+    return peak_bytes_on_scratch_cache(runner, num_pages, lambda: runner.execute(step))
+
+
+def peak_bytes_on_scratch_cache(host: ScratchHost, num_pages: int, run: Callable[[], object]) -> int:
+    """Peak torch allocations of `run()` above the baseline, with every attention layer pointed at one
+    scratch KV cache of `num_pages` pages (values do not matter; the real cache is left untouched)."""
+    layers = host.attention_layers
+    first = layers[0]
     scratch = torch.zeros(
-        num_pages, 2, runner.page_size, first.num_kv_heads, first.head_dim, dtype=runner.dtype, device=runner.device
+        num_pages, 2, host.page_size, first.num_kv_heads, first.head_dim, dtype=host.dtype, device=host.device
     )
     saved = [layer.kv_cache for layer in layers]
     try:
         for layer in layers:
             layer.kv_cache = scratch
-        torch.cuda.synchronize(runner.device)
-        torch.cuda.reset_peak_memory_stats(runner.device)
-        base = torch.cuda.memory_allocated(runner.device)
-        runner.execute(step)
-        torch.cuda.synchronize(runner.device)
-        return torch.cuda.max_memory_allocated(runner.device) - base
+        torch.cuda.synchronize(host.device)
+        torch.cuda.reset_peak_memory_stats(host.device)
+        base = torch.cuda.memory_allocated(host.device)
+        run()
+        torch.cuda.synchronize(host.device)
+        return torch.cuda.max_memory_allocated(host.device) - base
     finally:
         for layer, kv in zip(layers, saved, strict=True):
             layer.kv_cache = kv

@@ -26,6 +26,7 @@ from xrt.attention.backend import AttentionBackend
 from xrt.attention.flashinfer import GRAPH_PREFILL_INT_WORKSPACE, FlashInferBackend
 from xrt.attention.metadata import AttentionMetadata
 from xrt.config import ExecutorArgs
+from xrt.executor.kv_sizing import peak_bytes_on_scratch_cache
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import SeqChunk, StepInput
 
@@ -350,26 +351,11 @@ def graph_pool_bytes(host: ProfiledHost, seqs: int, tokens: int) -> int:
     graphs' memory pool keeps for good. Nothing is written to the KV cache (every slot is -1)."""
     input_ids, meta = build_metadata(padding_step(seqs, tokens, host.page_size), host.page_size, host.device)
     meta.slot_mapping.fill_(-1)
-    layers = host.attention_layers
-    first = layers[0]
-    scratch = torch.zeros(
-        1, 2, host.page_size, first.num_kv_heads, first.head_dim, dtype=host.dtype, device=host.device
-    )
-    saved = [layer.kv_cache for layer in layers]
-    try:
-        for layer in layers:
-            layer.kv_cache = scratch
-        torch.cuda.synchronize(host.device)
-        torch.cuda.reset_peak_memory_stats(host.device)
-        base = torch.cuda.memory_allocated(host.device)
+
+    def run() -> None:
         with torch.inference_mode():
             host.backend.plan(meta)
             hidden = host.forward_hidden(input_ids, meta)
             host.model.compute_logits(hidden[meta.logits_indices])  # type: ignore[operator]
-        torch.cuda.synchronize(host.device)
-        return torch.cuda.max_memory_allocated(host.device) - base
-    finally:
-        for layer, kv in zip(layers, saved, strict=True):
-            layer.kv_cache = kv
-        del scratch
-        torch.cuda.empty_cache()
+
+    return peak_bytes_on_scratch_cache(host, 1, run)
