@@ -1,6 +1,6 @@
 """GPU time of one prefill and one replayed decode step per batch, and where it goes, kernel by kernel.
 
-    python scripts/gpu_breakdown.py [--batch 1 8 100] [--input 1024] [--replays 50] [overrides ...]
+    python scripts/gpu_breakdown.py [--batch 1,8,100] [--input 1024] [--replays 50] [overrides ...]
 
 Builds the CUDA-graph runner on the bench config (Qwen3-0.6B shape, dummy weights, bf16), then for each
 batch: prefills `batch` fresh sequences of `input` tokens (host-timed, synchronized), stages one decode
@@ -46,7 +46,7 @@ def kernel_table(prof: profile, steps: int, rows: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 100])
+    ap.add_argument("--batch", default="1,8,100", help="comma-separated batch sizes")
     ap.add_argument("--input", type=int, default=1024)
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--rows", type=int, default=20)
@@ -54,14 +54,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_breakdown: needs a CUDA device")
     cfg = load_config(["executor=cudagraph", *overrides], config_name="bench")
-    cfg.bench.batch = list(args.batch)
+    batches = [int(b) for b in args.batch.split(",")]
+    cfg.bench.batch = batches
     cfg.bench.input_len = args.input
     cfg = bench_config(cfg)
     runner = build_runner(cfg)
     assert isinstance(runner, CudaGraphRunner)
     ps, vocab, rng = runner.page_size, cfg.model.vocab_size, random.Random(0)
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    for batch in args.batch:
+    for batch in batches:
         pages = -(-(args.input + 1) // ps)
         tables = [list(range(i * pages, (i + 1) * pages)) for i in range(batch)]
         prefill = StepInput(True, [SeqChunk([rng.randrange(vocab) for _ in range(args.input)], 0, t)

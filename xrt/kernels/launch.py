@@ -19,3 +19,31 @@ def block_size(n: int) -> int:
 def num_warps_for(block: int, max_warps: int = 16) -> int:
     # About 8 elements per thread: 16-byte vector accesses for bf16/fp16 without register spills.
     return max(1, min(max_warps, block // 256))
+
+
+@functools.cache
+def _pdl_on(device_index: int) -> bool:
+    import os
+
+    import torch
+    import triton.language.extra.cuda as tl_cuda
+
+    if os.environ.get("XRT_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if not hasattr(tl_cuda, "gdc_wait"):
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl(t: object) -> bool:
+    """Whether kernels on t's device launch with programmatic dependent launch (Hopper and later; XRT_PDL=0
+    turns it off). A PDL kernel may start while the kernel before it drains (its launch and set-up overlap
+    the tail of the other); it must run `gdc_wait()` before it reads what earlier kernels wrote or writes
+    anything they may still read. Pass `PDL=on, **pdl_launch(on)` to the launch."""
+    device = getattr(t, "device", None)
+    return device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
+
+
+def pdl_launch(on: bool) -> dict[str, bool]:
+    # Only given when on: the interpreter and older launchers need not know the option.
+    return {"launch_pdl": True} if on else {}

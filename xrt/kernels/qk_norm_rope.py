@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
 from xrt.kernels.store_kv import check_kv_cache
 
 # Heads per program: 3 programs per token for Qwen3-0.6B's 16 q + 8 k heads, so a one-token decode
@@ -45,7 +46,12 @@ def _qk_norm_rope_kernel(
     HEAD_BLOCK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     STORE_KV: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Everything below reads what earlier kernels wrote (or writes what they may still read).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)  # q heads, then k heads
     half = head_dim // 2
@@ -149,12 +155,13 @@ def _launch(
     page_size = kv_cache.shape[2] if store else 1
     block_half = block_size(head_dim // 2)
     grid = (n_tokens, triton.cdiv(num_heads + num_kv_heads, HEAD_BLOCK))
+    on = pdl(qkv)
     _qk_norm_rope_kernel[grid](
         qkv, q_weight, k_weight, cos_sin_cache, positions, cache, slots,
         qkv.stride(0), cos_sin_cache.stride(0), *c_strides, page_size,
         num_heads, num_kv_heads, head_dim, eps,
-        HEAD_BLOCK=HEAD_BLOCK, BLOCK_HALF=block_half, STORE_KV=store,
-        num_warps=num_warps_for(HEAD_BLOCK * block_half, max_warps=4),
+        HEAD_BLOCK=HEAD_BLOCK, BLOCK_HALF=block_half, STORE_KV=store, PDL=on,
+        num_warps=num_warps_for(HEAD_BLOCK * block_half, max_warps=4), **pdl_launch(on),
     )
 
 

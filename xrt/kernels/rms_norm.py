@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
 
 
 @triton.jit
@@ -22,7 +23,12 @@ def _rms_norm_kernel(
     n_cols,
     eps,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Everything below reads what earlier kernels wrote (or writes what they may still read).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -42,7 +48,12 @@ def _fused_add_rms_norm_kernel(
     n_cols,
     eps,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Everything below reads what earlier kernels wrote (or writes what they may still read).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -74,9 +85,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0] > 0:
-        block = block_size(n_cols)
+        block, on = block_size(n_cols), pdl(x)
         _rms_norm_kernel[(rows.shape[0],)](
-            rows, out, weight, rows.stride(0), out.stride(0), n_cols, eps, BLOCK=block, num_warps=num_warps_for(block)
+            rows, out, weight, rows.stride(0), out.stride(0), n_cols, eps, BLOCK=block, PDL=on,
+            num_warps=num_warps_for(block), **pdl_launch(on),
         )
     return out.view(x.shape)
 
@@ -90,7 +102,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         raise ValueError(f"fused_add_rms_norm: x has {x.shape[0]} rows, residual {residual.shape[0]}")
     if x.shape[0] == 0:
         return
-    block = block_size(n_cols)
+    block, on = block_size(n_cols), pdl(x)
     _fused_add_rms_norm_kernel[(x.shape[0],)](
-        x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, BLOCK=block, num_warps=num_warps_for(block)
+        x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, BLOCK=block, PDL=on,
+        num_warps=num_warps_for(block), **pdl_launch(on),
     )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
 
 # Columns per program: a few programs per row keep the GPU busy at batch 1 (I = 3072 -> 6 programs).
 _MAX_BLOCK = 512
@@ -22,7 +23,12 @@ def _silu_and_mul_kernel(
     out_row_stride,
     n_cols,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Everything below reads what earlier kernels wrote (or writes what they may still read).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -45,7 +51,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] > 0 and n_cols > 0:
         block = min(block_size(n_cols), _MAX_BLOCK)
         grid = (rows.shape[0], triton.cdiv(n_cols, block))
+        on = pdl(x)
         _silu_and_mul_kernel[grid](
-            rows, out, rows.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=num_warps_for(block)
+            rows, out, rows.stride(0), out.stride(0), n_cols, BLOCK=block, PDL=on,
+            num_warps=num_warps_for(block), **pdl_launch(on),
         )
     return out.view(*x.shape[:-1], n_cols)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
 
 
 @triton.jit
@@ -26,7 +27,12 @@ def _store_kv_kernel(
     page_size,
     head_dim,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # Everything below reads what earlier kernels wrote (or writes what they may still read).
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -60,11 +66,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         raise ValueError(f"store_kv: slot_mapping must be [{n_tokens}], got {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
         return
-    block_d = block_size(head_dim)
+    block_d, on = block_size(head_dim), pdl(k)
     _store_kv_kernel[(n_tokens, num_kv_heads)](
         k, v, kv_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         kv_cache.shape[2], head_dim,
-        BLOCK_D=block_d, num_warps=num_warps_for(block_d, max_warps=4),
+        BLOCK_D=block_d, PDL=on, num_warps=num_warps_for(block_d, max_warps=4), **pdl_launch(on),
     )
