@@ -55,7 +55,8 @@ def variants() -> list[Variant]:
         # Fixed 64-token splits whatever the batch (the grid grows with the context).
         Variant("fixed st64", {"split_tokens": 64, "max_splits": lambda b, c: -(-c // 64)}),
         Variant("bn32", {"block_n": 32}),
-        Variant("stages3", {"num_stages": 3}),
+        Variant("stages2", {"num_stages": 2}),
+        Variant("bn32 stages4", {"block_n": 32, "num_stages": 4}),
     ]
 
 

@@ -77,14 +77,19 @@ def _decode_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            t = n0 + tl.arange(0, BLOCK_N)
+        # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then
+        # depend on no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of
+        # K and V in flight (with the page-id load inside the iteration it keeps only one).
+        t = start + tl.arange(0, BLOCK_N)
+        page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
+        tok = page.to(tl.int64) * stride_page + (t % PAGE_SIZE) * stride_tok
+        for _ in range(start, end, BLOCK_N):
             t_mask = t < end
-            page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t_mask, other=0)
-            tok = (page.to(tl.int64) * stride_page + (t % PAGE_SIZE) * stride_tok)[:, None]
-            # Both loads first: one memory round trip per block when the loop is not pipelined.
-            k = tl.load(k_base + tok, mask=t_mask[:, None], other=0.0)
-            v = tl.load(v_base + tok, mask=t_mask[:, None], other=0.0)
+            k = tl.load(k_base + tok[:, None], mask=t_mask[:, None], other=0.0)
+            v = tl.load(v_base + tok[:, None], mask=t_mask[:, None], other=0.0)
+            t_next = t + BLOCK_N
+            page_n = tl.load(kv_indices_ptr + page_lo + t_next // PAGE_SIZE, mask=t_next < end, other=0)
+            tok_n = page_n.to(tl.int64) * stride_page + (t_next % PAGE_SIZE) * stride_tok
             if DOT_FP32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -97,6 +102,8 @@ def _decode_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
+            t = t_next
+            tok = tok_n
         o = acc / l_i[:, None]
 
         if n_splits == 1:
@@ -171,7 +178,7 @@ class DecodeAttention:
         max_splits: int | None = None,
         block_n: int = 64,
         num_warps: int = 4,
-        num_stages: int = 2,
+        num_stages: int = 3,
     ) -> None:
         split_tokens = DEFAULT_SPLIT_TOKENS if split_tokens is None else split_tokens
         for name, value in (("max_batch", max_batch), ("num_kv_heads", num_kv_heads), ("page_size", page_size),
