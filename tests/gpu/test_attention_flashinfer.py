@@ -265,3 +265,21 @@ def test_graph_decode_padded_and_replanned(device: torch.device, heads: int, kv_
     with pytest.raises(ValueError, match="no CUDA-graph decode wrapper for batch 5"):
         backend.plan_graph_decode(*padded_decode_plan(meta, 5, max_pages))
 
+
+
+@pytest.mark.parametrize("seqs", [DECODE[:1], DECODE[3:5], DECODE], ids=["batch1", "batch2", "batch6"])
+def test_small_decode_batches_take_the_triton_kernel(device: torch.device, seqs: list[tuple[int, int]]) -> None:
+    """With the context bound known, decode batches up to SMALL_DECODE_MAX_BATCH run xrt's split-KV kernel
+    (no FlashInfer plan), larger ones FlashInfer; both match the reference."""
+    from xrt.attention.flashinfer import SMALL_DECODE_MAX_BATCH
+
+    heads, kv_heads = HEADS[0]
+    meta = build_meta(seqs, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(40 + len(seqs)), False)
+    q, kv_cache = random_inputs(meta, heads, kv_heads, torch.bfloat16, device, seed=40)
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device, max_pages_per_seq=64)
+    assert backend.small_decode is not None
+    backend.plan(meta)
+    small = len(seqs) <= SMALL_DECODE_MAX_BATCH
+    assert backend.plans == (0 if small else 1) and (backend._active is backend.small_decode) == small
+    err = rel_err(backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5), ref_attention(q, kv_cache, meta))
+    assert err < TOLERANCE, f"{len(seqs)} sequences: relative error {err:.3e}"

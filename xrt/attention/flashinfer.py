@@ -21,6 +21,16 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # Integer workspace shared by the CUDA-graph prefill wrappers (FlashInfer gives each wrapper 8 MiB). Their
 # plans need (tokens / 128 + sequences) * heads * 28 bytes at most: about 130 KiB at 8192 tokens and 64 heads.
 GRAPH_PREFILL_INT_WORKSPACE = 2 << 20
+# Decode batches this small use xrt's split-KV Triton kernel (xrt.kernels.decode_attention) instead of
+# FlashInfer: on the H200 at the Qwen3-0.6B shape it is 7.2 vs 10.3 us per layer at batch 1 and 8.7 vs
+# 10.7 us at batch 2 (1024 tokens), and no faster from batch 4 (bench/results/h200-ee4b1de/decode_attention.md).
+# Eager and CUDA-graph decode take the same kernel for a batch (the default buckets include 1 and 2), and
+# its fixed 64-token chunks make a row's result independent of the batch it runs in.
+SMALL_DECODE_MAX_BATCH = 2
+SMALL_DECODE_SPLIT_TOKENS = 64
+# Its grid has one program per 64-token chunk of the longest possible sequence; beyond this many the empty
+# programs would cost more than the kernel saves.
+SMALL_DECODE_MAX_SPLITS = 64
 
 
 class FlashInferUnavailable(ImportError):
@@ -79,6 +89,7 @@ class FlashInferBackend:
         workspace_mb: int,
         kv_dtype: torch.dtype | None = None,
         ragged_prefill: bool = False,
+        max_pages_per_seq: int = 0,
     ) -> None:
         reason = unsupported_reason(dtype, head_dim) or unsupported_reason(kv_dtype or dtype, head_dim)
         if reason:
@@ -123,6 +134,24 @@ class FlashInferBackend:
         # with the same sequence lengths (a benchmark's repeated prefill) reuses it.
         self._ragged_plan_qo: torch.Tensor | None = None
         self.plans = 0  # plan() calls that reached FlashInfer (tests count them)
+        self.small_decode = self._make_small_decode(max_pages_per_seq)
+        self._small_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _make_small_decode(self, max_pages_per_seq: int) -> Any:
+        """The Triton decode kernel for batches <= SMALL_DECODE_MAX_BATCH, or None where it does not apply
+        (unknown or too long a context, a KV dtype other than the activations')."""
+        splits = -(-max_pages_per_seq * self.page_size // SMALL_DECODE_SPLIT_TOKENS)
+        if not 0 < splits <= SMALL_DECODE_MAX_SPLITS or self.kv_dtype != self.dtype:
+            return None
+        from xrt.kernels.decode_attention import DecodeAttention
+
+        return DecodeAttention(
+            SMALL_DECODE_MAX_BATCH, self.num_heads, self.num_kv_heads, self.head_dim, self.page_size,
+            max_pages_per_seq, self.device, SMALL_DECODE_SPLIT_TOKENS, max_splits=splits,
+        )
+
+    def _uses_small_decode(self, batch: int) -> bool:
+        return self.small_decode is not None and batch <= SMALL_DECODE_MAX_BATCH
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -133,7 +162,10 @@ class FlashInferBackend:
         if meta.page_size != self.page_size:
             raise ValueError(f"metadata page_size {meta.page_size} != backend page_size {self.page_size}")
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if not meta.is_prefill:
+        if not meta.is_prefill and self._uses_small_decode(meta.num_seqs):
+            self._small_meta = (meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len)
+            self._set_active(self.small_decode, "small_decode")
+        elif not meta.is_prefill:
             self._decode.plan(
                 meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, h, kv, d, self.page_size,
                 **self._dtypes(),
@@ -187,6 +219,15 @@ class FlashInferBackend:
         must run outside graph capture, on the stream that replays. Copies the page table into the
         static buffers the captured kernels read."""
         batch = kv_last_page_len_host.numel()
+        bufs = self.graph_buffers
+        if self._uses_small_decode(batch) and bufs is not None:
+            # No FlashInfer plan: the kernel reads the page table straight from the static buffers.
+            bufs.kv_indptr[: batch + 1].copy_(kv_indptr_host, non_blocking=True)
+            bufs.kv_last_page_len[:batch].copy_(kv_last_page_len_host, non_blocking=True)
+            bufs.kv_indices[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
+            self._small_meta = (bufs.kv_indptr[: batch + 1], bufs.kv_indices, bufs.kv_last_page_len[:batch])
+            self._set_active(self.small_decode, "small_decode")
+            return
         wrapper = self._graph_decode.get(batch)
         if wrapper is None:
             raise ValueError(f"no CUDA-graph decode wrapper for batch {batch}; buckets: {sorted(self._graph_decode)}")
@@ -263,6 +304,9 @@ class FlashInferBackend:
         if scale != self.scale and not math.isclose(scale, self.scale, rel_tol=1e-6):
             # The softmax scale is fixed at plan time (it is baked into CUDA graphs too).
             raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
+        if kind == "small_decode":
+            assert self._small_meta is not None
+            return self._active.run(q, kv_cache, *self._small_meta, scale)
         if kind == "ragged":
             if k is None or v is None:
                 raise ValueError("ragged prefill needs this step's k and v (forward(..., k=, v=))")

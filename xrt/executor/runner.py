@@ -114,6 +114,8 @@ class ModelRunner:
                 self.cfg.executor.workspace_mb,
                 # A prefill without cached prefixes attends over this step's k/v, not the pages.
                 ragged_prefill=True,
+                # The longest sequence: max_model_len tokens plus the one generated at the limit.
+                max_pages_per_seq=-(-(self.max_model_len + 1) // self.page_size),
             )
         except ImportError as e:  # also FlashInferUnavailable: no flashinfer, or a dtype/head_dim it lacks
             print(f"[xrt] attention: torch reference backend ({e})", file=sys.stderr, flush=True)

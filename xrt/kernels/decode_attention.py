@@ -27,6 +27,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
+
+from xrt.kernels.launch import pdl, pdl_launch
 
 # Programs wanted per launch when the split count is not fixed: two per SM on a 132-SM H200.
 TARGET_PROGRAMS = 264
@@ -44,8 +47,12 @@ def _decode_kernel(
     stride_page, stride_kv, stride_tok, stride_head,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_H: tl.constexpr, MERGE_S: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        # q and this step's K/V come from the kernel before.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -280,6 +287,7 @@ class DecodeAttention:
         splits = self.splits_for(batch)
         # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
         dot_fp32 = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
+        on = pdl(q)
         _decode_kernel[(splits, self.num_kv_heads, batch)](
             q, kv_cache, out, self.partial_out, self.partial_lse, self.counters,
             kv_indptr, kv_indices, kv_last_page_len,
@@ -288,7 +296,7 @@ class DecodeAttention:
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim, PAGE_SIZE=self.page_size,
             BLOCK_H=self._block_h, BLOCK_N=self.block_n, MERGE_H=self._merge_h, MERGE_S=self._merge_s,
-            PRECISION="ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32", DOT_FP32=dot_fp32,
-            num_warps=self.num_warps, num_stages=self.num_stages,
+            PRECISION="ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32", DOT_FP32=dot_fp32, PDL=on,
+            num_warps=self.num_warps, num_stages=self.num_stages, **pdl_launch(on),
         )
         return out
