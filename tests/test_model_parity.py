@@ -142,6 +142,92 @@ def test_chunked_prefill_and_shared_prefix_pages_match_hf(checkpoint: tuple[str,
     assert_rel_close(out2[0], whole[0])
 
 
+def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
+    checkpoint: tuple[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode path with the fused norm/activation ops taken wherever a CUDA run would take them (forced:
+    on CPU they are the reference composition): logits bit-identical to the unfused ops, HF's logits, and the
+    fused ops called in the decode steps only (the prefill has more rows than a skinny GEMM takes)."""
+    import xrt.layers.linear as linear_layers
+    import xrt.layers.norm as norm_layers
+
+    path, hf = checkpoint
+    runner = make_runner(path)
+    calls: list[str] = []
+    for module, name in ((norm_layers, "add_rms_norm_linear"), (linear_layers, "silu_and_mul_linear")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w: True)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 5, 12, 3)]
+    pool = PagePool(runner.num_pages, seed=5)
+    tables = [pool.take(len(p) + 4) for p in prompts]
+    seqs = [list(p) for p in prompts]
+    rows = [runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))]
+    assert calls == []
+    for _ in range(3):
+        for s, logits in zip(seqs, rows[-1], strict=True):
+            s.append(int(logits.argmax()))
+        step = StepInput(False, [SeqChunk([s[-1]], len(s) - 1, t) for s, t in zip(seqs, tables, strict=True)])
+        monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", False)
+        unfused = runner.execute(step)
+        assert calls == []
+        monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", True)
+        rows.append(runner.execute(step))
+        assert torch.equal(rows[-1], unfused)
+        layers = runner.model.args.num_hidden_layers
+        assert calls.count("add_rms_norm_linear") == 2 * layers - 1 and calls.count("silu_and_mul_linear") == layers
+        calls.clear()
+    for i, (prompt, seq) in enumerate(zip(prompts, seqs, strict=True)):
+        ref = hf_logits(hf, seq)
+        for j, step_logits in enumerate(rows):
+            assert_rel_close(step_logits[i], ref[len(prompt) - 1 + j])
+
+
+def test_fused_prologues_at_tp2_give_each_rank_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At tp = 2 (collectives stubbed): the fused norm + column-parallel projection gives each rank its rows of
+    the unsharded output, and the fused activation + row-parallel down projection a partial sum that the
+    all-reduce after it completes, exactly as unfused."""
+    import xrt.layers.linear as linear_layers
+    from xrt.layers.linear import ColumnParallelLinear
+    from xrt.layers.mlp import GatedMLP
+    from xrt.layers.norm import RMSNorm
+
+    reduced: list[torch.Tensor] = []
+    monkeypatch.setattr(linear_layers, "all_reduce_", reduced.append)
+    gen = torch.Generator().manual_seed(0)
+    x, residual = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
+    norm = RMSNorm(16, 1e-6, torch.float32, "cpu")
+    norm.weight.data.uniform_(0.5, 1.5, generator=gen)
+    proj = ColumnParallelLinear(16, 8, torch.float32, "cpu")
+    mlp = GatedMLP(16, 24, torch.float32, "cpu")
+    for p in (proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight):
+        p.data.normal_(generator=gen)
+    want_proj, want_residual = norm.add_forward_linear(x.clone(), residual.clone(), proj)
+    want_mlp = mlp(x)
+    for fused in (False, True):
+        monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w, _fused=fused: _fused)
+        parts = []
+        try:
+            for rank in range(2):
+                set_tp(rank, 2)
+                proj_r = ColumnParallelLinear(16, 8, torch.float32, "cpu")
+                proj_r.weight_loader(proj_r.weight, proj.weight.data)
+                out, new_residual = norm.add_forward_linear(x.clone(), residual.clone(), proj_r)
+                torch.testing.assert_close(out, want_proj[:, 4 * rank : 4 * rank + 4], rtol=1e-6, atol=1e-6)
+                assert torch.equal(new_residual, want_residual)
+                mlp_r = GatedMLP(16, 24, torch.float32, "cpu")
+                for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
+                    mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
+                mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
+                parts.append(mlp_r(x))
+        finally:
+            set_tp(0, 1)
+        assert len(reduced) == 2 and all(r is p for r, p in zip(reduced, parts, strict=True)), fused
+        reduced.clear()
+        torch.testing.assert_close(parts[0] + parts[1], want_mlp, rtol=1e-5, atol=1e-5)
+
+
 def test_load_weights_fuses_projections(checkpoint: tuple[str, object]) -> None:
     path, _ = checkpoint
     args = model_args(path)

@@ -180,6 +180,65 @@ def _load_x_row(x_ptr, row, M, stride_xm, k, EVEN_K: tl.constexpr, K: tl.constex
     return x.to(tl.float32)
 
 
+@triton.jit
+def _fma_rows_to_tile(acc, acc0, acc1, acc2, acc3, BLOCK_M: tl.constexpr):
+    """The FMA path's per-row [BLOCK_N, BLOCK_K] accumulators reduced over K into the rows of acc
+    [BLOCK_M, BLOCK_N]."""
+    row_ids = tl.arange(0, BLOCK_M)[:, None]
+    acc = tl.where(row_ids == 0, tl.sum(acc0, axis=1)[None, :], acc)
+    if BLOCK_M > 1:
+        acc = tl.where(row_ids == 1, tl.sum(acc1, axis=1)[None, :], acc)
+    if BLOCK_M > 2:
+        acc = tl.where(row_ids == 2, tl.sum(acc2, axis=1)[None, :], acc)
+    if BLOCK_M > 3:
+        acc = tl.where(row_ids == 3, tl.sum(acc3, axis=1)[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _store_tile(
+    acc,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    M,
+    N,
+    stride_om,
+    m_tile,
+    n_tile,
+    m_tiles,
+    k_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """Write a program's fp32 [BLOCK_M, BLOCK_N] result: straight to out, or with split-K as a partial in the
+    workspace, the tile's last arrival summing the partials in split order into out and resetting the counter."""
+    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        plane = M.to(tl.int64) * N
+        ws_tile = ws_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(ws_tile + k_split * plane, acc, mask=mask)
+        # Every thread's partial is written before the (single-thread) release of the arrival below.
+        tl.debug_barrier()
+        tile = n_tile * m_tiles + m_tile
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: read at L2, where the other programs' partials are, never a stale L1 line.
+                total += tl.load(ws_tile + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr,
@@ -260,34 +319,10 @@ def _gemv_kernel(
                 acc2 += w * _load_x_row(x_ptr, row0 + 2, M, stride_xm, k, EVEN_K, K)
             if BLOCK_M > 3:
                 acc3 += w * _load_x_row(x_ptr, row0 + 3, M, stride_xm, k, EVEN_K, K)
-        row_ids = tl.arange(0, BLOCK_M)[:, None]
-        acc = tl.where(row_ids == 0, tl.sum(acc0, axis=1)[None, :], acc)
-        if BLOCK_M > 1:
-            acc = tl.where(row_ids == 1, tl.sum(acc1, axis=1)[None, :], acc)
-        if BLOCK_M > 2:
-            acc = tl.where(row_ids == 2, tl.sum(acc2, axis=1)[None, :], acc)
-        if BLOCK_M > 3:
-            acc = tl.where(row_ids == 3, tl.sum(acc3, axis=1)[None, :], acc)
+        acc = _fma_rows_to_tile(acc, acc0, acc1, acc2, acc3, BLOCK_M)
 
-    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        plane = M.to(tl.int64) * N
-        ws_tile = ws_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
-        tl.store(ws_tile + k_split * plane, acc, mask=mask)
-        # Every thread's partial is written before the (single-thread) release of the arrival below.
-        tl.debug_barrier()
-        tile = n_tile * m_tiles + m_tile
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                # .cg: read at L2, where the other programs' partials are, never a stale L1 line.
-                total += tl.load(ws_tile + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+    _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, m_mask, n_mask, M, N, stride_om,
+                m_tile, n_tile, m_tiles, k_split, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
 def _split_counters(device: torch.device, n: int) -> torch.Tensor:

@@ -67,10 +67,14 @@ class QKNormSelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        return self.forward_qkv(positions, self.qkv_proj(hidden))
+
+    def forward_qkv(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The layer from an already computed qkv projection [T, (H + 2 KV) * D] (as RMSNorm.add_forward_linear
+        gives it; normalised and rotated in place)."""
+        t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
-        qkv = self.qkv_proj(hidden)
         qk_norm_rope_store_kv(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
                               attn.kv_cache, ctx.meta.slot_mapping, h, kv, d, self.eps)
         # Strided views of the packed, now normalised and rotated, qkv: no copies.

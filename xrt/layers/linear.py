@@ -10,12 +10,15 @@ from torch import nn
 
 from xrt.layers.weights import check_shape, divide, new_param
 from xrt.ops.collectives import all_reduce_
-from xrt.ops.compute import linear
+from xrt.ops.compute import linear, silu_and_mul, silu_and_mul_linear, uses_skinny_gemm
 from xrt.ops.parallel_state import tp_rank, tp_size
 
 # Decode batches up to this many rows go through xrt::linear, whose CUDA implementation picks the
 # skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
 SKINNY_ROWS = 8
+# Where a layer runs the skinny GEMM, the norm or activation producing its input runs inside it (the fused
+# prologue ops): one kernel launch fewer each. Off: always the separate ops (tests compare the two).
+FUSE_PROLOGUES = True
 
 
 class _Linear(nn.Module):
@@ -24,6 +27,12 @@ class _Linear(nn.Module):
 
     weight: nn.Parameter
     _weight_t: torch.Tensor | None = None
+
+    def fuses_prologue(self, x: torch.Tensor) -> bool:
+        """Whether the elementwise op computing this layer's input from x (as many rows) runs fused into the
+        matmul: exactly where `matmul` would run the skinny-GEMM kernel (CUDA decode batches, 16-bit, shapes
+        where it beat cuBLAS). The one place that decides fused against unfused."""
+        return FUSE_PROLOGUES and x.dim() == 2 and x.shape[0] <= SKINNY_ROWS and uses_skinny_gemm(x, self.weight)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
@@ -129,7 +138,16 @@ class RowParallelLinear(_Linear):
         param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x)
+        return self._reduce(self.matmul(x))
+
+    def silu_and_mul_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(silu_and_mul(gate_up)); one kernel where the matmul runs the skinny GEMM (`fuses_prologue`)."""
+        if self.fuses_prologue(gate_up):
+            return self._reduce(silu_and_mul_linear(gate_up, self.weight))
+        return self._reduce(self.matmul(silu_and_mul(gate_up)))
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        # Each rank's partial product over its input slice, fused prologue or not: the all-reduce follows both.
         if self.tp_size > 1:
             all_reduce_(y)
         return y

@@ -1,12 +1,14 @@
-"""RMSNorm over the last dimension, plain or fused with the residual add."""
+"""RMSNorm over the last dimension, plain or fused with the residual add (and with the linear layer after it,
+where that layer runs the skinny GEMM)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from xrt.layers.linear import ColumnParallelLinear
 from xrt.layers.weights import new_param
-from xrt.ops.compute import fused_add_rms_norm, rms_norm
+from xrt.ops.compute import add_rms_norm_linear, fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -23,3 +25,14 @@ class RMSNorm(nn.Module):
         """residual <- x + residual; x <- norm(residual). Both in place; returns (x, residual)."""
         fused_add_rms_norm(x, residual, self.weight, self.eps)
         return x, residual
+
+    def add_forward_linear(
+        self, x: torch.Tensor, residual: torch.Tensor, linear: ColumnParallelLinear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """add_forward then `linear` on the normed rows: returns (linear output, new residual). One kernel where
+        linear runs the skinny GEMM (`linear.fuses_prologue`), which leaves x and residual untouched and returns
+        the new residual in a new tensor; otherwise add_forward's in-place update."""
+        if linear.fuses_prologue(x):
+            return add_rms_norm_linear(x, residual, self.weight, self.eps, linear.weight)
+        x, residual = self.add_forward(x, residual)
+        return linear(x), residual

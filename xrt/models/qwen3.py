@@ -44,15 +44,18 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual stream before it); the next layer's norm adds them."""
+        """Returns (mlp output, residual stream before it); the next layer's norm adds them. Each norm runs
+        with the projection after it, and the MLP's activation with the down projection: fused into the
+        projection's kernel at decode batch sizes on CUDA (RMSNorm.add_forward_linear, GatedMLP.down_forward)."""
+        attn, mlp = self.self_attn, self.mlp
         if residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            qkv = attn.qkv_proj(self.input_layernorm(hidden))
         else:
-            hidden, residual = self.input_layernorm.add_forward(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
-        hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
-        return self.mlp(hidden), residual
+            qkv, residual = self.input_layernorm.add_forward_linear(hidden, residual, attn.qkv_proj)
+        hidden = attn.forward_qkv(positions, qkv)
+        gate_up, residual = self.post_attention_layernorm.add_forward_linear(hidden, residual, mlp.gate_up_proj)
+        return mlp.down_forward(gate_up), residual
 
 
 class Qwen3Model(nn.Module):

@@ -54,8 +54,28 @@ def _linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _silu_and_mul_linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _add_rms_norm_linear_fake(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty((x.shape[0], weight.shape[0])), torch.empty_like(x)
+
+
 _LINEAR = define("linear", "(Tensor x, Tensor weight) -> Tensor", reference.linear, _linear_fake)
 _SILU_AND_MUL = define("silu_and_mul", "(Tensor x) -> Tensor", reference.silu_and_mul, _silu_and_mul_fake)
+_SILU_AND_MUL_LINEAR = define(
+    "silu_and_mul_linear", "(Tensor x, Tensor weight) -> Tensor", reference.silu_and_mul_linear,
+    _silu_and_mul_linear_fake,
+)
+_ADD_RMS_NORM_LINEAR = define(
+    "add_rms_norm_linear",
+    "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) -> (Tensor, Tensor)",
+    reference.add_rms_norm_linear,
+    _add_rms_norm_linear_fake,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,3 +109,28 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K]^T. On CUDA, small M runs the skinny-GEMM kernel where it beats cuBLAS."""
     return _LINEAR(x, weight)
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """linear(silu_and_mul(x), weight), x [M, 2I], weight [N, I]: on CUDA one skinny-GEMM kernel computing the
+    activation as it loads x, where xrt::linear would run the skinny GEMM (`uses_skinny_gemm`)."""
+    return _SILU_AND_MUL_LINEAR(x, weight)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual -> (linear(rms_norm(h) * norm_weight, weight), h), both new tensors (x and residual are
+    only read): fused_add_rms_norm then linear, on CUDA one skinny-GEMM kernel where xrt::linear would run it."""
+    return _ADD_RMS_NORM_LINEAR(x, residual, norm_weight, eps, weight)
+
+
+def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether xrt::linear on x's rows and weight [N, K] runs the skinny-GEMM kernel (CUDA, 16-bit, a shape
+    where it beat cuBLAS): where the two ops above are single kernels rather than their composition."""
+    if not x.is_cuda:
+        return False
+    # Imported here: xrt.ops.cuda_impls imports this module, and exists only to be loaded with CUDA present.
+    from xrt.ops.cuda_impls import gemv_applies
+
+    return gemv_applies(x, weight)

@@ -77,16 +77,39 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     _kernels("store_kv").store_kv(k, v, kv_cache, slot_mapping)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    gemv = _kernels("gemv")
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs the skinny GEMM for x's rows and weight [N, K] (the fused prologue ops follow it)."""
     n, k = weight.shape
-    if x.dtype in (torch.bfloat16, torch.float16) and gemv.prefer_gemv(x.shape[0], n, k):
-        return gemv.gemv(x, weight)
+    return x.dtype in (torch.bfloat16, torch.float16) and _kernels("gemv").prefer_gemv(x.shape[0], n, k)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if gemv_applies(x, weight):
+        return _kernels("gemv").gemv(x, weight)
     return torch.mm(x, weight.t())
+
+
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if gemv_applies(x, weight):
+        return _kernels("gemv_fused").silu_and_mul_gemv(x, weight)
+    return linear(silu_and_mul(x), weight)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if gemv_applies(x, weight):
+        return _kernels("gemv_fused").add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
+    # The unfused kernels themselves, bit for bit, on copies (the op writes neither input).
+    normed, summed = x.clone(), residual.clone()
+    fused_add_rms_norm(normed, summed, norm_weight, eps)
+    return linear(normed, weight), summed
 
 
 IMPLS = {
     "linear": linear,
+    "silu_and_mul_linear": silu_and_mul_linear,
+    "add_rms_norm_linear": add_rms_norm_linear,
     "rms_norm": rms_norm,
     "fused_add_rms_norm": fused_add_rms_norm,
     "qk_norm_rope": qk_norm_rope,

@@ -61,6 +61,20 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
 
 
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """linear(silu_and_mul(x), weight): x [M, 2I], weight [N, I] -> [M, N]."""
+    return linear(silu_and_mul(x), weight)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_add_rms_norm then linear, into new tensors: h = x + residual -> (linear(rms_norm(h), weight), h).
+    x and residual are not written."""
+    summed = x + residual
+    return linear(rms_norm(summed, norm_weight, eps), weight), summed
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     page_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
