@@ -4,6 +4,9 @@ Each function here calls its op's overload: the dispatcher picks the implementat
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from xrt.ops import reference
@@ -128,9 +131,12 @@ def add_rms_norm_linear(
 def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether xrt::linear on x's rows and weight [N, K] runs the skinny-GEMM kernel (CUDA, 16-bit, a shape
     where it beat cuBLAS): where the two ops above are single kernels rather than their composition."""
-    if not x.is_cuda:
-        return False
-    # Imported here: xrt.ops.cuda_impls imports this module, and exists only to be loaded with CUDA present.
+    return x.is_cuda and _cuda_gemv_applies()(x, weight)
+
+
+@functools.cache
+def _cuda_gemv_applies() -> Callable[[torch.Tensor, torch.Tensor], bool]:
+    # Imported on first use: xrt.ops.cuda_impls imports this module, and is only loaded with CUDA present.
     from xrt.ops.cuda_impls import gemv_applies
 
-    return gemv_applies(x, weight)
+    return gemv_applies
