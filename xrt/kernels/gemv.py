@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
+
+from xrt.kernels.launch import pdl, pdl_launch
 
 # Programs wanted per launch: about four per SM on a 132-SM H100/H200, enough memory requests in flight.
 _TARGET_PROGRAMS = 512
@@ -261,7 +264,12 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # x (and the split-K counters) belong to the kernels before: wait for them, let the next one launch.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # Neighbouring programs share an N tile (M tiles, then K splits): w is read from L2 by the later ones
     # and the last split of a tile arrives soon after the first.
     pid = tl.program_id(0)
@@ -388,13 +396,14 @@ def gemv(
     # A one-row stride is never read; a fixed value keeps one compiled specialization for every M.
     x_stride = rows.stride(0) if M > 1 else K
     o_stride = out_rows.stride(0) if M > 1 else N
+    on = pdl(x)
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride,
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or x.dtype == torch.float32 else "tf32",
-        DOT_FP32=interpret_bf16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_FP32=interpret_bf16, PDL=on,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(on),
     )
     return out
 

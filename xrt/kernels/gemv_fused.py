@@ -20,6 +20,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
 from xrt.kernels.gemv import (
     _TARGET_PROGRAMS,
@@ -30,6 +31,7 @@ from xrt.kernels.gemv import (
     _store_tile,
     check_config,
 )
+from xrt.kernels.launch import pdl, pdl_launch
 
 SILU_AND_MUL = 1
 ADD_RMS_NORM = 2
@@ -222,7 +224,12 @@ def _gemv_prologue_kernel(
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PROLOGUE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # a, b (and the split-K counters) belong to the kernels before: wait for them, let the next one launch.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     # gemv's _gemv_kernel with x = prologue(a, b) (module docstring); a and b are [M, K] row sets: gate and up
     # (halves of one gate_up row), or x and residual (res: where h = x + residual goes).
     pid = tl.program_id(0)
@@ -350,6 +357,7 @@ def _launch(
     interpret_bf16 = a.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     # One-row strides are never read: fixed values keep one compiled specialization for every M (as gemv).
     single = M == 1
+    on = pdl(a)
     _gemv_prologue_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         a, b, nw, res, w, out, ws, cnt, M, N,
         K if single else a.stride(0), K if single else b.stride(0), K if single else res.stride(0),
@@ -357,8 +365,8 @@ def _launch(
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or a.dtype == torch.float32 else "tf32",
-        DOT_FP32=interpret_bf16, PROLOGUE=prologue,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_FP32=interpret_bf16, PROLOGUE=prologue, PDL=on,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(on),
     )
     return out
 

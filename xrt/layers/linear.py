@@ -4,6 +4,8 @@ fused column-parallel layers loaded shard by shard from the checkpoint's separat
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,8 +19,9 @@ from xrt.ops.parallel_state import tp_rank, tp_size
 # skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
 SKINNY_ROWS = 8
 # Where a layer runs the skinny GEMM, the norm or activation producing its input runs inside it (the fused
-# prologue ops): one kernel launch fewer each. Off: always the separate ops (tests compare the two).
-FUSE_PROLOGUES = True
+# prologue ops): one kernel launch fewer each. Off (or XRT_FUSE_PROLOGUES=0, for measurements): always the
+# separate ops (tests compare the two).
+FUSE_PROLOGUES = os.environ.get("XRT_FUSE_PROLOGUES", "1") != "0"
 
 
 class _Linear(nn.Module):
