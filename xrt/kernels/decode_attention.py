@@ -287,7 +287,7 @@ class DecodeAttention:
         splits = self.splits_for(batch)
         # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
         dot_fp32 = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
-        on = pdl(q)
+        on = pdl(q, batch)
         _decode_kernel[(splits, self.num_kv_heads, batch)](
             q, kv_cache, out, self.partial_out, self.partial_lse, self.counters,
             kv_indptr, kv_indices, kv_last_page_len,

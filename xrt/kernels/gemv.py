@@ -396,7 +396,7 @@ def gemv(
     # A one-row stride is never read; a fixed value keeps one compiled specialization for every M.
     x_stride = rows.stride(0) if M > 1 else K
     o_stride = out_rows.stride(0) if M > 1 else N
-    on = pdl(x)
+    on = pdl(x, M)
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride,
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,

@@ -357,7 +357,7 @@ def _launch(
     interpret_bf16 = a.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
     # One-row strides are never read: fixed values keep one compiled specialization for every M (as gemv).
     single = M == 1
-    on = pdl(a)
+    on = pdl(a, M)
     _gemv_prologue_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         a, b, nw, res, w, out, ws, cnt, M, N,
         K if single else a.stride(0), K if single else b.stride(0), K if single else res.stride(0),

@@ -35,13 +35,21 @@ def _pdl_on(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def pdl(t: object) -> bool:
-    """Whether kernels on t's device launch with programmatic dependent launch (Hopper and later; XRT_PDL=0
-    turns it off). A PDL kernel may start while the kernel before it drains (its launch and set-up overlap
-    the tail of the other); it must run `gdc_wait()` before it reads what earlier kernels wrote or writes
+# PDL only for launches of at most this many rows (decode batches): there it hides ~0.5 us of launch and
+# ramp per kernel (H200 decode graph replay, 0.6B: 1118 -> 1003 us at batch 1, 1508 -> 1375 us at batch 8);
+# at batch 100 the replay measured 4.65-4.71 ms with it against 4.45 ms without (separate runs; a guess at the
+# cause: early-launched programs holding SM slots the long attention and GEMM kernels could use), and a
+# prefill's kernels are long enough that there is little to hide.
+PDL_MAX_ROWS = 16
+
+
+def pdl(t: object, rows: int) -> bool:
+    """Whether a launch over `rows` rows of t's device uses programmatic dependent launch (Hopper and later,
+    rows <= PDL_MAX_ROWS; XRT_PDL=0 turns it off). A PDL kernel may start while the kernel before it drains
+    (its launch and set-up overlap the tail of the other); it must run `gdc_wait()` before it reads what earlier kernels wrote or writes
     anything they may still read. Pass `PDL=on, **pdl_launch(on)` to the launch."""
     device = getattr(t, "device", None)
-    return device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
+    return rows <= PDL_MAX_ROWS and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
 
 
 def pdl_launch(on: bool) -> dict[str, bool]:

@@ -155,7 +155,7 @@ def _launch(
     page_size = kv_cache.shape[2] if store else 1
     block_half = block_size(head_dim // 2)
     grid = (n_tokens, triton.cdiv(num_heads + num_kv_heads, HEAD_BLOCK))
-    on = pdl(qkv)
+    on = pdl(qkv, n_tokens)
     _qk_norm_rope_kernel[grid](
         qkv, q_weight, k_weight, cos_sin_cache, positions, cache, slots,
         qkv.stride(0), cos_sin_cache.stride(0), *c_strides, page_size,

@@ -85,7 +85,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0] > 0:
-        block, on = block_size(n_cols), pdl(x)
+        block, on = block_size(n_cols), pdl(x, rows.shape[0])
         _rms_norm_kernel[(rows.shape[0],)](
             rows, out, weight, rows.stride(0), out.stride(0), n_cols, eps, BLOCK=block, PDL=on,
             num_warps=num_warps_for(block), **pdl_launch(on),
@@ -102,7 +102,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         raise ValueError(f"fused_add_rms_norm: x has {x.shape[0]} rows, residual {residual.shape[0]}")
     if x.shape[0] == 0:
         return
-    block, on = block_size(n_cols), pdl(x)
+    block, on = block_size(n_cols), pdl(x, x.shape[0])
     _fused_add_rms_norm_kernel[(x.shape[0],)](
         x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, BLOCK=block, PDL=on,
         num_warps=num_warps_for(block), **pdl_launch(on),

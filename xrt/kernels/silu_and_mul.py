@@ -51,7 +51,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] > 0 and n_cols > 0:
         block = min(block_size(n_cols), _MAX_BLOCK)
         grid = (rows.shape[0], triton.cdiv(n_cols, block))
-        on = pdl(x)
+        on = pdl(x, rows.shape[0])
         _silu_and_mul_kernel[grid](
             rows, out, rows.stride(0), out.stride(0), n_cols, BLOCK=block, PDL=on,
             num_warps=num_warps_for(block), **pdl_launch(on),

@@ -66,7 +66,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         raise ValueError(f"store_kv: slot_mapping must be [{n_tokens}], got {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
         return
-    block_d, on = block_size(head_dim), pdl(k)
+    block_d, on = block_size(head_dim), pdl(k, n_tokens)
     _store_kv_kernel[(n_tokens, num_kv_heads)](
         k, v, kv_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -18,10 +18,12 @@ from xrt.ops.parallel_state import tp_rank, tp_size
 # Decode batches up to this many rows go through xrt::linear, whose CUDA implementation picks the
 # skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
 SKINNY_ROWS = 8
-# Where a layer runs the skinny GEMM, the norm or activation producing its input runs inside it (the fused
-# prologue ops): one kernel launch fewer each. Off (or XRT_FUSE_PROLOGUES=0, for measurements): always the
-# separate ops (tests compare the two).
-FUSE_PROLOGUES = os.environ.get("XRT_FUSE_PROLOGUES", "1") != "0"
+# Where a layer runs the skinny GEMM, the norm or activation producing its input may run inside it (the fused
+# prologue ops): one kernel launch fewer each. Off by default: with programmatic dependent launch the separate
+# small kernels cost little, and the fused GEMVs start their weight loads only after the prologue, so on the
+# H200 (0.6B, decode graph replay) fusion was slower: 887 -> 961 us at batch 1, 1417 -> 1507 us at batch 8
+# (bench/results/h200-5b0c7b6). XRT_FUSE_PROLOGUES=1 turns it on (tests compare the two paths).
+FUSE_PROLOGUES = os.environ.get("XRT_FUSE_PROLOGUES", "0") == "1"
 
 
 class _Linear(nn.Module):
