@@ -46,8 +46,8 @@ PDL_MAX_ROWS = 16
 def pdl(t: object, rows: int) -> bool:
     """Whether a launch over `rows` rows of t's device uses programmatic dependent launch (Hopper and later,
     rows <= PDL_MAX_ROWS; XRT_PDL=0 turns it off). A PDL kernel may start while the kernel before it drains
-    (its launch and set-up overlap the tail of the other); it must run `gdc_wait()` before it reads what earlier kernels wrote or writes
-    anything they may still read. Pass `PDL=on, **pdl_launch(on)` to the launch."""
+    (its launch and set-up overlap the tail of the other); it must run `gdc_wait()` before it reads what
+    earlier kernels wrote or writes anything they may still read. Pass `PDL=on, **pdl_launch(on)` to the launch."""
     device = getattr(t, "device", None)
     return rows <= PDL_MAX_ROWS and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
 
