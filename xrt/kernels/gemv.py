@@ -32,10 +32,11 @@ _FMA_TILE_ELEMS = 8192
 # Arrival counters per device for split-K; they reset themselves, so they are zeroed only when allocated.
 _COUNTER_SLOTS = 1 << 16
 _counters: dict[torch.device, list[torch.Tensor]] = {}
-# With programmatic dependent launch a program is resident before the kernel ahead of it has finished: it asks
-# L2 for its slice of w (weights never depend on that kernel) before waiting, so the weight stream overlaps
-# the previous kernel. XRT_GEMV_PREFETCH=0 turns it off (for measurements).
-_PREFETCH = os.environ.get("XRT_GEMV_PREFETCH", "1") != "0"
+# With programmatic dependent launch a program is resident before the kernel ahead of it has finished, so it
+# could ask L2 for its slice of w (weights never depend on that kernel) before waiting. Measured slower on the
+# H200 (0.6B decode TPOT 0.897 -> 0.963 ms at batch 1, 1.448 -> 1.472 at batch 8; bench/results/h200-6492b75),
+# so off; XRT_GEMV_PREFETCH=1 turns it on for further experiments.
+_PREFETCH = os.environ.get("XRT_GEMV_PREFETCH", "0") == "1"
 # Bytes of one L2 request: one prefetch per 128-byte line of the slice.
 _LINE_BYTES = 128
 
