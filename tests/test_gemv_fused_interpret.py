@@ -5,38 +5,13 @@ implementation. Skipped without triton and on CUDA machines (tests/gpu runs the 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import torch
+from interpret_support import Interpreter
 
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: tests/gpu/test_gemv_fused.py covers the compiled kernels", allow_module_level=True)
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-# triton.jit picks the interpreter at decoration time: the variable must be set before triton is first
-# imported. If another test already imported it, rerun this file in a subprocess.
-_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
-in_process = pytest.mark.skipif(not _IN_PROCESS, reason="triton already imported; run by test_in_subprocess")
-if _IN_PROCESS:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-def _load_checks() -> ModuleType:
-    path = Path(__file__).parent / "gpu" / "test_gemv_fused.py"
-    spec = importlib.util.spec_from_file_location("xrt_gemv_fused_checks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = _load_checks()
+INTERPRETER = Interpreter("test_gemv_fused.py")
+checks = INTERPRETER.checks
+in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")
 DTYPES = [torch.float32, torch.bfloat16]
 # (M, N, K) with the picked config: M = 1 on the FMA path (K tail, K split), the tensor-core path above.
@@ -158,8 +133,6 @@ def test_pick_fused_config_on_model_shapes() -> None:
                 assert cfg.use_dot and cfg.block_n == f._FUSED_DOT_BLOCK_N, cfg
 
 
-@pytest.mark.skipif(_IN_PROCESS, reason="runs in process")
+@INTERPRETER.subprocess_only
 def test_in_subprocess() -> None:
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    INTERPRETER.rerun(__file__)

@@ -4,38 +4,13 @@ Qwen3-0.6B shapes. Skipped without triton and on CUDA machines (tests/gpu runs t
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 import torch
+from interpret_support import Interpreter
 
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: tests/gpu/test_gemv.py covers the compiled kernel", allow_module_level=True)
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-# triton.jit picks the interpreter at decoration time: the variable must be set before triton is first
-# imported. If another test already imported it, rerun this file in a subprocess.
-_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
-in_process = pytest.mark.skipif(not _IN_PROCESS, reason="triton already imported; run by test_in_subprocess")
-if _IN_PROCESS:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-def _load_checks() -> ModuleType:
-    path = Path(__file__).parent / "gpu" / "test_gemv.py"
-    spec = importlib.util.spec_from_file_location("xrt_gemv_checks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = _load_checks()
+INTERPRETER = Interpreter("test_gemv.py")
+checks = INTERPRETER.checks
+in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")
 
 
@@ -136,8 +111,6 @@ def test_candidates_are_valid_and_distinct() -> None:
                 assert cfg.use_dot or g._fma_fits(cfg, K), cfg
 
 
-@pytest.mark.skipif(_IN_PROCESS, reason="runs in process")
+@INTERPRETER.subprocess_only
 def test_in_subprocess() -> None:
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    INTERPRETER.rerun(__file__)

@@ -4,38 +4,17 @@ machines, where tests/gpu runs the compiled kernels instead."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from interpret_support import Interpreter
 
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: tests/gpu/test_kernels.py covers the compiled kernels", allow_module_level=True)
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-# triton.jit picks the interpreter at decoration time, for triton's own library functions too: the variable
-# must be set before triton is first imported. If another test already imported it, rerun in a subprocess.
-_IN_PROCESS = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
-in_process = pytest.mark.skipif(not _IN_PROCESS, reason="triton already imported; run by test_in_subprocess")
-if _IN_PROCESS:
-    # Left set for the rest of the process: triton reads it again at run time (lazy imports).
-    os.environ["TRITON_INTERPRET"] = "1"
-
-def _load_checks() -> ModuleType:
-    path = Path(__file__).parent / "gpu" / "test_kernels.py"
-    spec = importlib.util.spec_from_file_location("xrt_kernel_checks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-checks = _load_checks()
+INTERPRETER = Interpreter("test_kernels.py")
+checks = INTERPRETER.checks
+in_process = INTERPRETER.in_process
 DTYPES = checks.DTYPES
 CPU = torch.device("cpu")
 
@@ -139,11 +118,9 @@ def test_warmup_runs_every_kernel() -> None:
     warmup_kernels(64, 96, 4, 2, 16, 4, torch.bfloat16, CPU)
 
 
-@pytest.mark.skipif(_IN_PROCESS, reason="runs in process")
+@INTERPRETER.subprocess_only
 def test_in_subprocess() -> None:
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    INTERPRETER.rerun(__file__)
 
 
 def test_importing_cuda_impls_does_not_import_triton() -> None:
