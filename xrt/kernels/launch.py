@@ -37,9 +37,10 @@ def _pdl_on(device_index: int) -> bool:
 
 # PDL only for launches of at most this many rows (decode batches): there it hides ~0.5 us of launch and
 # ramp per kernel (H200 decode graph replay, 0.6B: 1118 -> 1003 us at batch 1, 1508 -> 1375 us at batch 8);
-# at batch 100 the replay measured 4.65-4.71 ms with it against 4.45 ms without (separate runs; a guess at the
-# cause: early-launched programs holding SM slots the long attention and GEMM kernels could use), and a
-# prefill's kernels are long enough that there is little to hide.
+# at batch 100 the replay measured 4.65-4.71 ms with it on every launch, 4.45-4.48 ms without and with this
+# limit (bench/results/h200-5b0c7b6, h200-4e548c7; a guess at the cause: early-launched programs holding SM
+# slots the long attention and GEMM kernels could use), and a prefill's kernels are long enough that there is
+# little to hide.
 PDL_MAX_ROWS = 16
 
 
