@@ -27,9 +27,8 @@ import os
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import pdl, pdl_launch
+from xrt.kernels.launch import pdl, pdl_enter, pdl_launch
 
 # Programs wanted per launch when the split count is not fixed: two per SM on a 132-SM H200.
 TARGET_PROGRAMS = 264
@@ -49,10 +48,7 @@ def _decode_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_H: tl.constexpr, MERGE_S: tl.constexpr,
     PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        # q and this step's K/V come from the kernel before.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # q and this step's K/V come from the kernel before
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)

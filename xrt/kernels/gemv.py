@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import pdl, pdl_launch
+from xrt.kernels.launch import pdl, pdl_enter, pdl_launch
 
 # Programs wanted per launch: about four per SM on a 132-SM H100/H200, enough memory requests in flight.
 _TARGET_PROGRAMS = 512
@@ -32,13 +31,6 @@ _FMA_TILE_ELEMS = 8192
 # Arrival counters per device for split-K; they reset themselves, so they are zeroed only when allocated.
 _COUNTER_SLOTS = 1 << 16
 _counters: dict[torch.device, list[torch.Tensor]] = {}
-# With programmatic dependent launch a program is resident before the kernel ahead of it has finished, so it
-# could ask L2 for its slice of w (weights never depend on that kernel) before waiting. Measured slower on the
-# H200 (0.6B decode TPOT 0.897 -> 0.963 ms at batch 1, 1.448 -> 1.472 at batch 8; bench/results/h200-6492b75),
-# so off; XRT_GEMV_PREFETCH=1 turns it on for further experiments.
-_PREFETCH = os.environ.get("XRT_GEMV_PREFETCH", "0") == "1"
-# Bytes of one L2 request: one prefetch per 128-byte line of the slice.
-_LINE_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -249,19 +241,6 @@ def _store_tile(
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
-@triton.jit
-def _prefetch_w_l2(w_ptr, rn, N, stride_wn, k_base, K: tl.constexpr, K_SPLIT: tl.constexpr,
-                   LINES: tl.constexpr, LINE: tl.constexpr):
-    """prefetch.global.L2 of every 128-byte line of w[rn, k_base : k_base + K_SPLIT]. Out-of-range rows and
-    lines are clamped onto the slice's last element (a repeated request, never an invalid address)."""
-    rows = tl.minimum(rn, N - 1).to(tl.int64)
-    k_end = tl.minimum(k_base + K_SPLIT, K) - 1
-    k = tl.minimum(k_base + tl.arange(0, LINES) * LINE, k_end)
-    ptrs = w_ptr + rows[:, None] * stride_wn + k[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr,
@@ -285,9 +264,8 @@ def _gemv_kernel(
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH_LINES: tl.constexpr,
-    LINE: tl.constexpr,
 ):
+    pdl_enter(PDL)  # x and the split-K counters belong to the kernels before
     # Neighbouring programs share an N tile (M tiles, then K splits): w is read from L2 by the later ones
     # and the last split of a tile arrives soon after the first.
     pid = tl.program_id(0)
@@ -306,12 +284,6 @@ def _gemv_kernel(
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     k_base = k_split * K_SPLIT
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if PDL:
-        if PREFETCH_LINES > 0:
-            _prefetch_w_l2(w_ptr, rn, N, stride_wn, k_base, K, K_SPLIT, PREFETCH_LINES, LINE)
-        # x (and the split-K counters) belong to the kernels before: wait for them, let the next one launch.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
     if USE_DOT:
         # A scf.for (not unrolled): the pipeliner stages the w tiles through shared memory (num_stages).
@@ -421,14 +393,12 @@ def gemv(
     x_stride = rows.stride(0) if M > 1 else K
     o_stride = out_rows.stride(0) if M > 1 else N
     on = pdl(x, M)
-    line = max(1, _LINE_BYTES // w.element_size())
-    prefetch_lines = triton.next_power_of_2(triton.cdiv(k_split, line)) if on and _PREFETCH else 0
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride,
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or x.dtype == torch.float32 else "tf32",
-        DOT_FP32=interpret_bf16, PDL=on, PREFETCH_LINES=prefetch_lines, LINE=line,
+        DOT_FP32=interpret_bf16, PDL=on,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(on),
     )
     return out

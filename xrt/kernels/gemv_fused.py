@@ -20,7 +20,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
 from xrt.kernels.gemv import (
     _TARGET_PROGRAMS,
@@ -31,7 +30,7 @@ from xrt.kernels.gemv import (
     _store_tile,
     check_config,
 )
-from xrt.kernels.launch import pdl, pdl_launch
+from xrt.kernels.launch import pdl, pdl_enter, pdl_launch
 
 SILU_AND_MUL = 1
 ADD_RMS_NORM = 2
@@ -226,10 +225,7 @@ def _gemv_prologue_kernel(
     PROLOGUE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # a, b (and the split-K counters) belong to the kernels before: wait for them, let the next one launch.
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # a, b and the split-K counters belong to the kernels before
     # gemv's _gemv_kernel with x = prologue(a, b) (module docstring); a and b are [M, K] row sets: gate and up
     # (halves of one gate_up row), or x and residual (res: where h = x + residual goes).
     pid = tl.program_id(0)

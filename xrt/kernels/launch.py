@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 
 import triton
+import triton.language as tl
+import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
 
 @functools.cache
@@ -56,3 +58,12 @@ def pdl(t: object, rows: int) -> bool:
 def pdl_launch(on: bool) -> dict[str, bool]:
     # Only given when on: the interpreter and older launchers need not know the option.
     return {"launch_pdl": True} if on else {}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First thing in a kernel that takes part in PDL: wait until the kernels before it have finished (their
+    writes visible), then let the next kernel launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
 from xrt.kernels.store_kv import check_kv_cache
 
 # Heads per program: 3 programs per token for Qwen3-0.6B's 16 q + 8 k heads, so a one-token decode
@@ -48,10 +47,7 @@ def _qk_norm_rope_kernel(
     STORE_KV: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # Everything below reads what earlier kernels wrote (or writes what they may still read).
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)  # q heads, then k heads
     half = head_dim // 2

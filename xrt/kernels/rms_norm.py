@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -25,10 +24,7 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # Everything below reads what earlier kernels wrote (or writes what they may still read).
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -50,10 +46,7 @@ def _fused_add_rms_norm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # Everything below reads what earlier kernels wrote (or writes what they may still read).
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -7,9 +7,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
 
 # Columns per program: a few programs per row keep the GPU busy at batch 1 (I = 3072 -> 6 programs).
 _MAX_BLOCK = 512
@@ -25,10 +24,7 @@ def _silu_and_mul_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # Everything below reads what earlier kernels wrote (or writes what they may still read).
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -29,10 +28,7 @@ def _store_kv_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        # Everything below reads what earlier kernels wrote (or writes what they may still read).
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
