@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from xrt.bench.setup import bench_config
-from xrt.cli.compose import load_config
+from xrt.config.compose import load_config
 from xrt.executor.cudagraph import CudaGraphRunner
 from xrt.executor.factory import build_runner
 from xrt.executor.step import SeqChunk, StepInput

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from xrt.bench.setup import bench_config
-from xrt.cli.compose import load_config
+from xrt.config.compose import load_config
 from xrt.executor.factory import build_runner
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput

@@ -13,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from xrt.bench.setup import bench_config
-from xrt.cli.compose import load_config
+from xrt.config.compose import load_config
 from xrt.engine.engine import LLMEngine
 
 

@@ -7,8 +7,8 @@ from array import array
 import pytest
 
 from xrt.config import SamplingArgs
-from xrt.engine.block_manager import BlockManager, page_hash
 from xrt.engine.sequence import Sequence
+from xrt.kvcache.block_manager import BlockManager, page_hash
 
 PS = 4
 

@@ -169,7 +169,7 @@ def test_installed_layout_finds_conf_inside_the_package(tmp_path: Path) -> None:
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("XRT_CONF_DIR", None)
-    code = "from xrt.cli.compose import conf_dir; print(conf_dir())"
+    code = "from xrt.config.compose import conf_dir; print(conf_dir())"
     found = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     assert found.stdout.strip() == str(site / "xrt" / "conf"), found.stderr
     r = subprocess.run([sys.executable, "-m", "xrt", "config", "validate", "model=qwen3-8b", "parallel=tp8"],

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import xrt
-from xrt.cli.compose import conf_dir, expand_sweeps, group_options, load_config
 from xrt.config import DType, ExecutorKind, LoadFormat, ModelArgs, XrtConfig
+from xrt.config.compose import conf_dir, expand_sweeps, group_options, load_config
 from xrt.reflect import ConfigError, build, from_hf, json_schema, to_dict
 
 GROUPS = group_options()

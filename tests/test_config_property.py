@@ -11,8 +11,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from xrt.cli.compose import group_options, load_config  # noqa: E402
 from xrt.config import XrtConfig  # noqa: E402
+from xrt.config.compose import group_options, load_config  # noqa: E402
 from xrt.reflect import ConfigError, build, json_schema, to_dict, walk  # noqa: E402
 from xrt.reflect.types import is_enum, optional_inner  # noqa: E402
 

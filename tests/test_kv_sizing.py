@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xrt.executor.kv_sizing import profile_step
+from xrt.kvcache.sizing import profile_step
 
 
 def test_profile_step_splits_the_token_budget_by_max_model_len() -> None:

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from xrt.config import SamplingArgs, SchedulerArgs
-from xrt.engine.block_manager import BlockManager
 from xrt.engine.scheduler import ScheduledStep, Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.executor.step import SeqChunk
+from xrt.kvcache.block_manager import BlockManager
 
 PS = 4
 

@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return XrtConfig
     if name == "load_config":
-        from xrt.cli.compose import load_config
+        from xrt.config.compose import load_config
 
         return load_config
     raise AttributeError(name)

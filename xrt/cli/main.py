@@ -162,14 +162,14 @@ def _dispatch(inv: Invocation) -> int:
 def _jobs(inv: Invocation) -> list[list[str]]:
     if not inv.multirun:
         return [inv.overrides]
-    from xrt.cli.compose import expand_sweeps
+    from xrt.config.compose import expand_sweeps
 
     return expand_sweeps(inv.overrides)
 
 
 def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> list:
     """Every job's config, composed before any job runs, so a sweep fails early and all at once."""
-    from xrt.cli.compose import load_config
+    from xrt.config.compose import load_config
 
     cfgs, found = [], []
     for job in jobs:
@@ -202,8 +202,8 @@ def _job_label(i: int, n: int, job: list[str]) -> str:
 
 
 def full_help(command: str | None = None) -> str:
-    from xrt.cli.compose import config_names, group_options
     from xrt.cli.config_cmd import ACTIONS, fields
+    from xrt.config.compose import config_names, group_options
 
     lines = [USAGE, "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, text in COMMANDS.items()]

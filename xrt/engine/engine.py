@@ -22,7 +22,6 @@ import attrs
 import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
-from xrt.engine.block_manager import BlockManager
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
@@ -31,6 +30,7 @@ from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
 from xrt.executor.prepare import DecodeStaging, stage_decode_rows
 from xrt.executor.step import StepInput
+from xrt.kvcache.block_manager import BlockManager
 
 Prompt = str | list[int]
 

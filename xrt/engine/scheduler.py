@@ -13,9 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from xrt.config import SchedulerArgs
-from xrt.engine.block_manager import BlockManager
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.executor.step import SeqChunk, StepInput
+from xrt.kvcache.block_manager import BlockManager
 
 
 @dataclass(frozen=True)

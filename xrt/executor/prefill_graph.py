@@ -26,9 +26,9 @@ from xrt.attention.backend import AttentionBackend
 from xrt.attention.flashinfer import GRAPH_PREFILL_INT_WORKSPACE, FlashInferBackend
 from xrt.attention.metadata import AttentionMetadata
 from xrt.config import ExecutorArgs
-from xrt.executor.kv_sizing import peak_bytes_on_scratch_cache
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import SeqChunk, StepInput
+from xrt.kvcache.sizing import peak_bytes_on_scratch_cache
 
 GB = 1 << 30
 FIRST_TOKEN_BUCKET = 256

@@ -16,6 +16,7 @@ from xrt.attention.metadata import AttentionMetadata
 from xrt.attention.torch_ref import TorchRefBackend
 from xrt.config import ModelArgs, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import StepInput
 from xrt.layers.attention import PagedAttention
@@ -36,6 +37,7 @@ class ModelRunner:
         import torch._dynamo  # noqa: F401
 
         self.cfg = cfg
+        apply_options(cfg)
         init_tp(cfg.parallel.tp)
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
@@ -74,8 +76,8 @@ class ModelRunner:
         cache = self.cfg.cache
         if cache.num_pages:
             return cache.num_pages
-        if self.device.type == "cuda" and importlib.util.find_spec("xrt.executor.kv_sizing") is not None:
-            from xrt.executor.kv_sizing import cuda_num_pages
+        if self.device.type == "cuda" and importlib.util.find_spec("xrt.kvcache.sizing") is not None:
+            from xrt.kvcache.sizing import cuda_num_pages
 
             pages = cuda_num_pages(self.cfg, self, self.bytes_per_page)
         else:

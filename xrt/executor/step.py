@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -34,3 +36,26 @@ class StepInput:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.seqs)
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """A greedy decode step the engine asks a runner to launch itself (`Runner.launch_decode`), described
+    by per-row arrays instead of SeqChunks, so staging needs no Python loop over pages.
+
+    token_ids: the token each row feeds (ignored where sources[i] >= 0).
+    sources: -1 feeds token_ids[i]; r >= 0 feeds the greedy token of row r of the previous launch, which
+        is still on the device (the host has not read it).
+    positions: the position each row's token takes (its sequence's KV length before this step).
+    table_rows: each row's row in `page_tables` ([rows, pages] int32: a sequence's pages in order, the
+        KV cache's page-table array, `xrt.kvcache`).
+    """
+
+    token_ids: list[int]
+    sources: list[int]
+    positions: list[int]
+    table_rows: list[int]
+    page_tables: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.positions)

@@ -13,6 +13,8 @@ import os
 
 import attrs
 
+from xrt.config.bench import BenchArgs, ProfileArgs
+from xrt.config.problems import Problems
 from xrt.reflect import each, field, ge, gt, in_range, power_of_two
 
 
@@ -51,19 +53,6 @@ class L2Backend(enum.Enum):
     GDS = "GDS"
     GDS_MT = "GDS_MT"
     OBJ = "OBJ"
-
-
-class BenchPeer(enum.Enum):
-    NONE = "none"
-    HF = "hf"
-
-
-class BenchScenario(enum.Enum):
-    LATENCY = "latency"
-    THROUGHPUT = "throughput"
-
-
-Problems = list[tuple[str, str]]
 
 
 @attrs.define
@@ -149,6 +138,23 @@ class ExecutorArgs:
     prefill_graph_max_seqs: int = field(
         8, help="most sequences in a replayed prefill; graphs for 1, 2, 4, ... up to it", validator=ge(1)
     )
+    pdl: bool = field(
+        True,
+        help="programmatic dependent launch for xrt's Triton kernels on Hopper+ (a kernel starts while the one "
+        "before it drains); launches of at most pdl_max_rows rows",
+    )
+    pdl_max_rows: int = field(16, help="largest launch (rows) that uses programmatic dependent launch", validator=ge(0))
+    skinny_gemm_max_rows: int = field(
+        8, help="CUDA linears of at most this many rows go through xrt::linear (skinny-GEMM kernel where faster)",
+        validator=ge(0),
+    )
+    fuse_prologues: bool = field(
+        False, help="run the norm/activation before a skinny GEMM inside it (one launch fewer; slower on the H200)"
+    )
+    staging_loop_max_rows: int = field(
+        8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
+        "time only)", validator=ge(0),
+    )
 
     def check(self) -> Problems:
         out: Problems = []
@@ -228,28 +234,6 @@ class SamplingArgs:
 
 
 @attrs.define
-class BenchArgs:
-    scenario: BenchScenario = field(BenchScenario.LATENCY, help="latency: TTFT/TPOT per batch; throughput: offline")
-    batch: list[int] = field(
-        factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100], help="batch sizes measured", validator=each(ge(1))
-    )
-    input_len: int = field(1024, help="prompt tokens per request", unit="tokens", validator=ge(1))
-    output_len: int = field(256, help="generated tokens per request", unit="tokens", validator=ge(1))
-    warmup: int = field(1, help="untimed repetitions before measuring", validator=ge(0))
-    iters: int = field(3, help="timed repetitions; the median is reported", validator=ge(1))
-    peer: BenchPeer = field(BenchPeer.NONE, help="hf: also run HF transformers with the same shape and weights")
-    num_requests: int = field(256, help="throughput scenario: requests submitted at once", validator=ge(1))
-    min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))
-    max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
-    out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written")
-
-    def check(self) -> Problems:
-        if self.min_len > self.max_len:
-            return [("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}")]
-        return []
-
-
-@attrs.define
 class XrtConfig:
     model: ModelArgs = field(factory=ModelArgs, help="model and checkpoint")
     parallel: ParallelArgs = field(factory=ParallelArgs, help="tensor parallelism")
@@ -258,6 +242,7 @@ class XrtConfig:
     scheduler: SchedulerArgs = field(factory=SchedulerArgs, help="batching and chunked prefill")
     sampling: SamplingArgs = field(factory=SamplingArgs, help="default sampling parameters")
     bench: BenchArgs = field(factory=BenchArgs, help="benchmark protocol")
+    profile: ProfileArgs = field(factory=ProfileArgs, help="`xrt profile`: where a step's time goes")
     device: Device = field(Device.AUTO, help="auto: cuda when present, else cpu")
     seed: int = field(0, help="global seed (dummy weights, sampling)")
     prompt: str = field("Hello", help="run: the prompt to generate from")

@@ -13,8 +13,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from xrt.engine.page_tables import PageTables
 from xrt.engine.sequence import Sequence
+from xrt.kvcache.page_tables import PageTables
 
 
 def page_hash(parent: bytes | None, token_ids: list[int]) -> bytes:

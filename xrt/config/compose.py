@@ -212,7 +212,7 @@ def _compose(conf: Path, config_name: str, overrides: list[str]) -> dict[str, An
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from xrt.cli.errors import hydra_problems
+    from xrt.config.hydra_errors import hydra_problems
 
     ConfigStore.instance().store(name=SCHEMA_NODE, node=to_dict(XrtConfig()))
     # Called from inside someone's own Hydra app, Hydra is already initialized: step aside and restore it.

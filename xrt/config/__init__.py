@@ -1,0 +1,33 @@
+"""xrt's configuration: the schema (attrs classes, `xrt.config.schema` and `xrt.config.bench`) from which
+`xrt.reflect` derives help, JSON Schema, dumps, HF mapping and validation, and the composer
+(`xrt.config.compose`: Hydra's conf/ groups and overrides -> a validated `XrtConfig`). Library code: the CLI
+and the Python API (`xrt.load_config`) both call it."""
+
+from __future__ import annotations
+
+from xrt.config.bench import BenchArgs, BenchPeer, BenchScenario, ProfileArgs
+from xrt.config.problems import Problems
+from xrt.config.schema import (
+    CacheArgs,
+    Device,
+    DistBackend,
+    DType,
+    ExecutorArgs,
+    ExecutorKind,
+    L1Args,
+    L2Args,
+    L2Backend,
+    LoadFormat,
+    ModelArgs,
+    ParallelArgs,
+    SamplingArgs,
+    SchedulerArgs,
+    XrtConfig,
+    runtime_check,
+)
+
+__all__ = [
+    "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "DistBackend", "ExecutorArgs",
+    "ExecutorKind", "L1Args", "L2Args", "L2Backend", "LoadFormat", "ModelArgs", "ParallelArgs", "Problems",
+    "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
+]
