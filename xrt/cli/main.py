@@ -19,11 +19,12 @@ from xrt.reflect.suggest import did_you_mean
 COMMANDS = {
     "run": "generate from `prompt` (or `prompts_file`) with the configured model",
     "bench": "measure TTFT/TPOT per batch (conf/bench.yaml; sweep with -m)",
+    "profile": "where a step's time goes: per-kernel GPU time and host overhead (profile.*; bench config)",
     "serve": "OpenAI-compatible HTTP server",
     "config": "show|validate|schema|fields: print or check the composed config",
 }
-DEFAULT_CONFIG = {"bench": "bench"}
-USAGE = "usage: python -m xrt {run,bench,serve,config} [-m] [--config-name NAME] [key=value ...]"
+DEFAULT_CONFIG = {"bench": "bench", "profile": "bench"}
+USAGE = "usage: python -m xrt {run,bench,profile,serve,config} [-m] [--config-name NAME] [key=value ...]"
 
 
 class UsageError(Exception):
