@@ -24,8 +24,8 @@ import torch
 from xrt.config import CacheArgs, Device, ModelArgs, SamplingArgs, SchedulerArgs, XrtConfig
 from xrt.engine.engine import LLMEngine
 from xrt.executor.cudagraph import stage_decode
-from xrt.executor.prepare import DecodeStaging
-from xrt.executor.step import StepInput
+from xrt.executor.prepare import DecodeStaging, stage_decode_rows
+from xrt.executor.step import DecodeBatch, StepInput
 
 PAGE_SIZE = 16
 # Small: the argmax over these logits is device work on a GPU, not host work to measure here.
@@ -71,11 +71,13 @@ class InstantLauncher(InstantRunner):
         self.staging = DecodeStaging.zeros(128, -(-(max_model_len + 1) // PAGE_SIZE))
         self.preset = [PresetTokens(list(range(n))) for n in range(129)]
 
-    def decode_staging(self) -> DecodeStaging:
-        return self.staging
-
-    def launch_decode(self, n: int, after: PresetTokens | None) -> PresetTokens:
-        return self.preset[n]
+    def launch_decode(self, batch: DecodeBatch, after: PresetTokens | None) -> PresetTokens:
+        # The CUDA-graph runner's host staging, without its upload and replay.
+        stage_decode_rows(
+            self.staging, PAGE_SIZE, batch.token_ids, batch.sources, batch.positions, batch.page_tables,
+            batch.table_rows,
+        )
+        return self.preset[len(batch)]
 
 
 def make_engine(batch: int, context: int, steps: int, mode: str) -> tuple[LLMEngine, InstantRunner]:

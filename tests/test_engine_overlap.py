@@ -17,8 +17,8 @@ from xrt.engine.detokenizer import IncrementalDetokenizer
 from xrt.engine.engine import LLMEngine
 from xrt.engine.llm import LLM
 from xrt.engine.outputs import RequestOutput
-from xrt.executor.prepare import DecodeStaging
-from xrt.executor.step import StepInput
+from xrt.executor.prepare import DecodeStaging, stage_decode_rows
+from xrt.executor.step import DecodeBatch, StepInput
 
 GREEDY = SamplingArgs(max_tokens=12, ignore_eos=True)
 JUNK = 77
@@ -73,8 +73,14 @@ class AsyncFakeRunner:
         st.kv_indices.fill(JUNK)
         return st
 
-    def launch_decode(self, n: int, after: FakePending | None) -> FakePending:
+    def launch_decode(self, batch: DecodeBatch, after: FakePending | None) -> FakePending:
+        n = len(batch)
         assert 0 < n <= self.decode_capacity
+        # Staged as the CUDA-graph runner stages it, into buffers full of junk.
+        stage_decode_rows(
+            self.decode_staging(), self.page_size, batch.token_ids, batch.sources, batch.positions,
+            batch.page_tables, batch.table_rows,
+        )
         assert after is None or after.seq_no == self.passes, "sources must refer to the previous pass"
         self.passes += 1
         st, ps, kv = self.staging, self.page_size, self.base.kv

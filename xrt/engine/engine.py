@@ -28,8 +28,7 @@ from xrt.engine.scheduler import Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
-from xrt.executor.prepare import DecodeStaging, stage_decode_rows
-from xrt.executor.step import StepInput
+from xrt.executor.step import DecodeBatch, StepInput
 from xrt.kvcache.block_manager import BlockManager
 
 Prompt = str | list[int]
@@ -58,13 +57,8 @@ class DecodeLauncher(Protocol):
 
     decode_capacity: int  # most sequences one launch takes
 
-    def decode_staging(self) -> DecodeStaging:
-        """The host arrays of the next launch, once the previous launch no longer reads them."""
-        ...
-
-    def launch_decode(self, n: int, after: PendingTokens | None) -> PendingTokens:
-        """Launch the staged step of n sequences; `after`: the previous launch, whose tokens the
-        staged sources refer to."""
+    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
+        """Stage and launch the step; `after`: the previous launch, whose tokens sources refer to."""
         ...
 
 
@@ -235,7 +229,6 @@ class LLMEngine:
         with a token in flight feeds it from the device. overlapped: the step counts as computed now
         and its tokens are read by _resolve; else the caller reads them and runs postprocess."""
         assert self._launcher is not None
-        staging = self._launcher.decode_staging()
         tokens, sources, positions, rows = [], [], [], []
         for i, seq in enumerate(seqs):
             if seq.num_pending_tokens:
@@ -251,8 +244,8 @@ class LLMEngine:
                 seq.num_pending_tokens += 1
                 seq.decode_row = i
         bm = self.scheduler.block_manager
-        stage_decode_rows(staging, bm.page_size, tokens, sources, positions, bm.page_tables.table, rows)
-        pending = self._launcher.launch_decode(len(seqs), after)
+        batch = DecodeBatch(tokens, sources, positions, rows, bm.page_tables.table)
+        pending = self._launcher.launch_decode(batch, after)
         if overlapped:
             self._inflight.append(Launch(seqs, positions, pending))
         return pending

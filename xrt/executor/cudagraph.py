@@ -26,10 +26,11 @@ from tqdm import tqdm
 from xrt.attention.metadata import AttentionMetadata
 from xrt.config import Device, XrtConfig
 from xrt.executor.buckets import Buckets
+from xrt.executor.interface import PendingTokens
 from xrt.executor.prefill_graph import PrefillGraphs, PrefillShapes, capture_graph, graph_pool_bytes, static_bytes
-from xrt.executor.prepare import DecodeStaging, pad_decode_rows
+from xrt.executor.prepare import DecodeStaging, pad_decode_rows, stage_decode_rows
 from xrt.executor.runner import ModelRunner
-from xrt.executor.step import StepInput
+from xrt.executor.step import DecodeBatch, StepInput
 
 GB = 1 << 30
 
@@ -359,21 +360,21 @@ class CudaGraphRunner(ModelRunner):
         self.last_argmax = argmax[index] if argmax is not None else None
         return entry.logits[index].float()
 
-    def decode_staging(self) -> DecodeStaging:
-        """The pinned host arrays of the next launch_decode (waits until the last upload read them)."""
-        return self.inputs.wait_writable()
-
-    def launch_decode(self, n: int, after: PendingDecode | None) -> PendingDecode:
-        """Replay the decode graph for the n sequences staged in decode_staging() (rows [0, n)) and
-        start copying their greedy tokens back; returns at once. Sources r >= 0 read the tokens of
-        `after`, which must be the previous forward pass (they never left the device)."""
+    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingDecode:
+        """Stage the batch into the pinned inputs, replay the decode graph for its n sequences and start
+        copying their greedy tokens back; returns at once. Sources r >= 0 read the tokens of `after`, which
+        must be the previous forward pass (they never left the device)."""
+        n = len(batch)
         bucket = self.buckets.bucket_for(n) if self.capture_sampling else None
         if bucket is None:
             raise ValueError(f"launch_decode: {n} sequences exceed the largest graph ({self.decode_capacity})")
-        if after is not None and after.seq_no != self._num_passes:
+        if after is not None and getattr(after, "seq_no", None) != self._num_passes:
             raise RuntimeError("launch_decode: `after` is not the previous forward pass; its tokens are gone")
+        st = self.inputs.wait_writable()
+        stage_decode_rows(
+            st, self.page_size, batch.token_ids, batch.sources, batch.positions, batch.page_tables, batch.table_rows
+        )
         self._num_passes += 1
-        st = self.inputs.staging
         pad_decode_rows(st, n, bucket)
         self._plan(bucket, int(st.kv_indptr[bucket]))
         self.graphs[bucket].graph.replay()

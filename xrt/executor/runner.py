@@ -16,9 +16,10 @@ from xrt.attention.metadata import AttentionMetadata
 from xrt.attention.torch_ref import TorchRefBackend
 from xrt.config import ModelArgs, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.interface import PendingTokens
 from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
-from xrt.executor.step import StepInput
+from xrt.executor.step import DecodeBatch, StepInput
 from xrt.layers.attention import PagedAttention
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.models.loader import CheckpointError, iter_weights, read_hf_config
@@ -45,6 +46,10 @@ class ModelRunner:
         self.max_model_len = cfg.model.max_model_len
         self.checkpoint_dir = resolve_checkpoint(cfg.model)
         self.model = self._build_model()
+        self.vocab_size = cfg.model.vocab_size
+        # The eager runner computes no tokens on the device and launches no decode steps itself.
+        self.decode_capacity = 0
+        self.last_argmax: torch.Tensor | None = None
         self.attention_layers = sorted(
             (m for m in self.model.modules() if isinstance(m, PagedAttention)), key=lambda m: m.layer_idx
         )
@@ -138,6 +143,9 @@ class ModelRunner:
         """Plan, forward, and logits (model dtype) for the rows in meta.logits_indices."""
         self.backend.plan(meta)
         return self.logits(self.forward_hidden(input_ids, meta), meta)
+
+    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
+        raise NotImplementedError("launch_decode: this runner has decode_capacity 0 (eager); call execute()")
 
     def execute(self, step: StepInput) -> torch.Tensor:
         """float32 logits [chunks with needs_logits, vocab], in chunk order."""
