@@ -13,6 +13,7 @@ import traceback
 
 import attrs
 
+from xrt.log import set_level
 from xrt.reflect import ConfigError, Problem
 from xrt.reflect.suggest import did_you_mean
 
@@ -24,7 +25,18 @@ COMMANDS = {
     "config": "show|validate|schema|fields: print or check the composed config",
 }
 DEFAULT_CONFIG = {"bench": "bench", "profile": "bench"}
-USAGE = "usage: python -m xrt {run,bench,profile,serve,config} [-m] [--config-name NAME] [key=value ...]"
+USAGE = "usage: python -m xrt {run,bench,profile,serve,config} [-m] [-v|-q] [--config-name NAME] [key=value ...]"
+# -v / -q are the log_level field: appended as its override, so `config show` prints the level a run uses.
+LOG_FLAGS = {"-v": "debug", "--verbose": "debug", "-q": "warning", "--quiet": "warning"}
+# Every environment variable xrt reads (behaviour switches are config fields, not variables).
+ENVIRONMENT = {
+    "XRT_DEBUG": "1: tracebacks for config and input errors",
+    "XRT_CACHE_DIR": "where the tiny checkpoint is made (default $XDG_CACHE_HOME/xrt or ~/.cache/xrt)",
+    "XRT_CONF_DIR": "a conf/ directory used instead of the shipped one",
+    "XRT_GIT_COMMIT": "bench: the commit recorded with results (a tree copied without .git)",
+    "TRITON_INTERPRET": "1: Triton kernels run in the interpreter (CPU tests); PDL is off",
+    "RANK": "set by torchrun: the rank in log prefixes",
+}
 
 
 class UsageError(Exception):
@@ -39,6 +51,7 @@ class Invocation:
     config_name: str | None = None
     as_json: bool = False
     help: bool = False
+    log_level: str | None = None
     overrides: list[str] = attrs.Factory(list)
 
 
@@ -96,6 +109,8 @@ def parse_args(args: list[str]) -> Invocation:
             inv.overrides.extend(rest)
         elif tok in ("-m", "--multirun"):
             inv.multirun = True
+        elif tok in LOG_FLAGS:
+            inv.log_level = LOG_FLAGS[tok]
         elif tok in ("-h", "--help"):
             inv.help = True
         elif tok in ("--config-name", "-cn"):
@@ -112,6 +127,8 @@ def parse_args(args: list[str]) -> Invocation:
             inv.action = tok
         else:
             inv.overrides.append(tok)
+    if inv.log_level is not None:
+        inv.overrides.append(f"log_level={inv.log_level}")
     return inv
 
 
@@ -153,6 +170,7 @@ def _dispatch(inv: Invocation) -> int:
     module = importlib.import_module(module_name)
     status = 0
     for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
+        set_level(cfg.log_level.value)
         if inv.multirun:
             print(f"[{_job_label(i, len(jobs), job)}]", flush=True)
         rc = module.main(cfg, i, len(jobs)) if inv.command == "bench" else module.main(cfg)
@@ -204,7 +222,7 @@ def _job_label(i: int, n: int, job: list[str]) -> str:
 
 def full_help(command: str | None = None) -> str:
     from xrt.cli.config_cmd import ACTIONS, fields
-    from xrt.config.compose import config_names, group_options
+    from xrt.config.compose import config_names, group_options, unbuilt_options
 
     lines = [USAGE, "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, text in COMMANDS.items()]
@@ -215,6 +233,8 @@ def full_help(command: str | None = None) -> str:
         "options:",
         "  -m, --multirun       sweep: `executor=eager,cudagraph bench.batch=1,8` runs one job per combination",
         f"  --config-name NAME   primary config in conf/ ({', '.join(config_names())}); bench uses `bench`",
+        "  -v, --verbose        debug log lines (= log_level=debug)",
+        "  -q, --quiet          warnings and errors only (= log_level=warning)",
         "  --json               config show: JSON instead of YAML",
         "  -h, --help           this help",
         "",
@@ -222,8 +242,13 @@ def full_help(command: str | None = None) -> str:
         "",
         "groups:",
     ]
-    lines += [f"  {g:<10} {', '.join(opts)}" for g, opts in group_options().items()]
-    lines += ["", "fields:", fields(), "", "environment: XRT_DEBUG=1 shows tracebacks for config errors"]
+    unbuilt = unbuilt_options()
+    lines += [
+        f"  {g:<10} {', '.join(o + (' (not built yet)' if (g, o) in unbuilt else '') for o in opts)}"
+        for g, opts in group_options().items()
+    ]
+    lines += ["", "fields:", fields(), "", "environment (read by xrt; every behaviour switch is a field above):"]
+    lines += [f"  {name:<18} {text}" for name, text in ENVIRONMENT.items()]
     return "\n".join(lines)
 
 

@@ -10,14 +10,11 @@ from xrt.config.problems import Problems
 from xrt.config.schema import (
     CacheArgs,
     Device,
-    DistBackend,
     DType,
     ExecutorArgs,
     ExecutorKind,
-    L1Args,
-    L2Args,
-    L2Backend,
     LoadFormat,
+    LogLevel,
     ModelArgs,
     ParallelArgs,
     SamplingArgs,
@@ -27,7 +24,7 @@ from xrt.config.schema import (
 )
 
 __all__ = [
-    "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "DistBackend", "ExecutorArgs",
-    "ExecutorKind", "L1Args", "L2Args", "L2Backend", "LoadFormat", "ModelArgs", "ParallelArgs", "Problems",
-    "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
+    "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs", "ExecutorKind",
+    "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems", "ProfileArgs", "SamplingArgs",
+    "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

@@ -20,6 +20,7 @@ from xrt.reflect.suggest import closest
 from xrt.reflect.types import dict_types, field_types, is_config_class, list_item
 
 SCHEMA_NODE = "xrt_schema"
+UNBUILT = "_unbuilt"
 
 
 def conf_dir() -> Path:
@@ -44,6 +45,17 @@ def group_options(conf: Path | None = None) -> dict[str, list[str]]:
     }
 
 
+def unbuilt_options(conf: Path | None = None) -> set[tuple[str, str]]:
+    """(group, option) pairs whose yaml marks a part not built yet (`_unbuilt: ...`, see `_reject_unbuilt`)."""
+    conf = conf or conf_dir()
+    return {
+        (group, option)
+        for group, options in group_options(conf).items()
+        for option in options
+        if any(ln.startswith(f"{UNBUILT}:") for ln in (conf / group / f"{option}.yaml").read_text().splitlines())
+    }
+
+
 def config_names(conf: Path | None = None) -> list[str]:
     """Primary configs selectable with --config-name (config, bench)."""
     return sorted(p.stem for p in (conf or conf_dir()).glob("*.yaml"))
@@ -61,6 +73,7 @@ def load_config(overrides: list[str] | None = None, *, config_name: str = "confi
     if not problems or all(m.startswith(("unknown field", "is a sweep")) for _, m in problems):
         try:
             raw = _compose(conf, config_name, rewritten)
+            _reject_unbuilt(raw)
             _fill_from_checkpoint(raw, {o.key_or_group for o in parsed if not o.is_delete()})
             cfg = build(XrtConfig, raw)
         except ConfigError as e:
@@ -232,9 +245,19 @@ def _compose(conf: Path, config_name: str, overrides: list[str]) -> dict[str, An
     return raw
 
 
+def _reject_unbuilt(raw: dict[str, Any]) -> None:
+    """A group option for a part not built yet (conf/cache/l1_l2.yaml) holds `_unbuilt: "<why>"` in place of
+    its fields: selecting it stops with that line rather than running without the part."""
+    found = [str(s.pop(UNBUILT)) for s in raw.values() if isinstance(s, dict) and UNBUILT in s]
+    if found:
+        raise ConfigError([("", message) for message in found])
+
+
 def _fill_from_checkpoint(raw: dict[str, Any], explicit: set[str]) -> None:
     """When model.path is set, the checkpoint's config.json gives the shape fields (HF keys from
-    ModelArgs' metadata); a field set explicitly on the command line still wins."""
+    ModelArgs' metadata); a field set explicitly on the command line still wins. max_model_len, unless set
+    there, becomes the composed value capped by the checkpoint's max_position_embeddings (a 512-position
+    checkpoint under model=qwen3 serves 512 tokens, not an error about a value the user never wrote)."""
     model = raw.get("model")
     if not isinstance(model, dict) or not model.get("path"):
         return
@@ -252,6 +275,11 @@ def _fill_from_checkpoint(raw: dict[str, Any], explicit: set[str]) -> None:
         model[name] = value
     if problems:
         raise ConfigError(problems)
+    positions = model.get("max_position_embeddings")
+    if "model.max_model_len" not in explicit and isinstance(positions, int) and isinstance(
+        model.get("max_model_len"), int
+    ):
+        model["max_model_len"] = min(model["max_model_len"], positions)
 
 
 def _read_config_json(path: str) -> dict[str, Any]:
@@ -276,4 +304,7 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-__all__ = ["conf_dir", "config_names", "expand_sweeps", "group_options", "load_config", "parse_overrides", "precheck"]
+__all__ = [
+    "conf_dir", "config_names", "expand_sweeps", "group_options", "load_config", "parse_overrides", "precheck",
+    "unbuilt_options",
+]

@@ -9,7 +9,6 @@ when running, not when composing a config."""
 from __future__ import annotations
 
 import enum
-import os
 
 import attrs
 
@@ -37,22 +36,16 @@ class DType(enum.Enum):
     FLOAT16 = "float16"
 
 
+class LogLevel(enum.Enum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 class ExecutorKind(enum.Enum):
     EAGER = "eager"
     CUDAGRAPH = "cudagraph"
-
-
-class DistBackend(enum.Enum):
-    AUTO = "auto"
-    NCCL = "nccl"
-    GLOO = "gloo"
-
-
-class L2Backend(enum.Enum):
-    POSIX = "POSIX"
-    GDS = "GDS"
-    GDS_MT = "GDS_MT"
-    OBJ = "OBJ"
 
 
 @attrs.define
@@ -102,10 +95,12 @@ class ModelArgs:
 
 @attrs.define
 class ParallelArgs:
-    tp: int = field(1, help="tensor-parallel degree", validator=ge(1))
-    backend: DistBackend = field(DistBackend.AUTO, help="torch.distributed backend; auto: nccl on CUDA, gloo on CPU")
-    master_addr: str = field("127.0.0.1", help="rendezvous address when xrt spawns its workers")
-    master_port: int = field(29517, help="rendezvous port when xrt spawns its workers", validator=in_range(1, 65535))
+    tp: int = field(
+        1,
+        help="tensor-parallel degree; > 1 needs torch.distributed initialised by the caller (xrt starts no workers "
+        "yet)",
+        validator=ge(1),
+    )
 
 
 @attrs.define
@@ -140,16 +135,26 @@ class ExecutorArgs:
     )
     pdl: bool = field(
         True,
-        help="programmatic dependent launch for xrt's Triton kernels on Hopper+ (a kernel starts while the one "
-        "before it drains); launches of at most pdl_max_rows rows",
+        help="programmatic dependent launch for xrt's Triton kernels on Hopper+: a kernel starts while the one "
+        "before it drains (H200, 0.6B decode replay: 1118 -> 1003 us at batch 1, bench/results/h200-ee4b1de)",
     )
-    pdl_max_rows: int = field(16, help="largest launch (rows) that uses programmatic dependent launch", validator=ge(0))
+    pdl_max_rows: int = field(
+        16,
+        help="largest launch (rows) that uses PDL: with PDL on every launch, batch 100's decode replay took "
+        "4.65-4.71 ms against 4.45-4.48 (bench/results/h200-5b0c7b6, h200-4e548c7); prefill kernels are long "
+        "enough that there is little to hide",
+        validator=ge(0),
+    )
     skinny_gemm_max_rows: int = field(
-        8, help="CUDA linears of at most this many rows go through xrt::linear (skinny-GEMM kernel where faster)",
+        8,
+        help="CUDA linears of at most this many rows go through xrt::linear, which runs the skinny-GEMM kernel "
+        "where it beat cuBLAS on the H200 (bench/results/h200-microbench/gemv.md); 0: always cuBLAS",
         validator=ge(0),
     )
     fuse_prologues: bool = field(
-        False, help="run the norm/activation before a skinny GEMM inside it (one launch fewer; slower on the H200)"
+        False,
+        help="run the norm/activation before a skinny GEMM inside it (one launch fewer); off because with PDL "
+        "it was slower on the H200 (0.6B decode replay 887 -> 961 us at batch 1, bench/results/h200-5b0c7b6)",
     )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
@@ -172,27 +177,6 @@ class ExecutorArgs:
 
 
 @attrs.define
-class L1Args:
-    enabled: bool = field(False, help="keep stored KV chunks in pinned host memory")
-    size_gb: float = field(1.0, help="L1 capacity", unit="GB", validator=ge(0))
-
-
-@attrs.define
-class L2Args:
-    enabled: bool = field(False, help="persist KV chunks to storage through NIXL")
-    backend: L2Backend = field(L2Backend.POSIX, help="NIXL backend")
-    path: str = field("", help="directory holding the L2 files and index")
-    size_gb: float = field(4.0, help="L2 capacity", unit="GB", validator=ge(0))
-    file_size_mb: int = field(1024, help="size of each preallocated L2 file", unit="MiB", validator=ge(1))
-    backend_params: dict[str, str] = field(factory=dict, help="extra NIXL backend parameters")
-
-    def check(self) -> Problems:
-        if self.enabled and not self.path:
-            return [("path", "must be set when l2.enabled=true")]
-        return []
-
-
-@attrs.define
 class CacheArgs:
     page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=power_of_two())
     max_memory_utilization: float = field(
@@ -204,14 +188,6 @@ class CacheArgs:
                               validator=gt(0))
     num_pages: int = field(0, help="explicit number of KV pages; 0: derive from memory", validator=ge(0))
     prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
-    chunk_tokens: int = field(256, help="tokens per KV-tier chunk", unit="tokens", validator=gt(0))
-    l1: L1Args = field(factory=L1Args, help="L1 tier: pinned host memory")
-    l2: L2Args = field(factory=L2Args, help="L2 tier: storage through NIXL")
-
-    def check(self) -> Problems:
-        if self.chunk_tokens % self.page_size:
-            return [("chunk_tokens", f"must be a multiple of page_size={self.page_size}, got {self.chunk_tokens}")]
-        return []
 
 
 @attrs.define
@@ -238,12 +214,13 @@ class XrtConfig:
     model: ModelArgs = field(factory=ModelArgs, help="model and checkpoint")
     parallel: ParallelArgs = field(factory=ParallelArgs, help="tensor parallelism")
     executor: ExecutorArgs = field(factory=ExecutorArgs, help="how forward passes run")
-    cache: CacheArgs = field(factory=CacheArgs, help="paged KV cache and its tiers")
+    cache: CacheArgs = field(factory=CacheArgs, help="paged KV cache (the L1/L2 tiers: issue 13)")
     scheduler: SchedulerArgs = field(factory=SchedulerArgs, help="batching and chunked prefill")
     sampling: SamplingArgs = field(factory=SamplingArgs, help="default sampling parameters")
     bench: BenchArgs = field(factory=BenchArgs, help="benchmark protocol")
     profile: ProfileArgs = field(factory=ProfileArgs, help="`xrt profile`: where a step's time goes")
     device: Device = field(Device.AUTO, help="auto: cuda when present, else cpu")
+    log_level: LogLevel = field(LogLevel.INFO, help="xrt's log lines on stderr (the CLI's -v: debug, -q: warning)")
     seed: int = field(0, help="global seed (dummy weights, sampling)")
     prompt: str = field("Hello", help="run: the prompt to generate from")
     prompts_file: str = field("", help="run: JSONL ({\"prompt\": ...} per line) or text file, one prompt per line")
@@ -277,9 +254,8 @@ def runtime_check(cfg: XrtConfig) -> Problems:
         out.append(("executor.kind", "cudagraph needs a CUDA device, and none is available; use executor=eager"))
     if cfg.device is Device.CUDA and not cuda:
         out.append(("device", "cuda requested but torch.cuda.is_available() is false"))
-    l2 = cfg.cache.l2
-    if l2.enabled and l2.path:
-        parent = l2.path if os.path.isdir(l2.path) else os.path.dirname(os.path.abspath(l2.path))
-        if not os.access(parent, os.W_OK):
-            out.append(("cache.l2.path", f"must be a writable directory, got {l2.path!r}"))
+    tp = cfg.parallel.tp
+    if tp > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        out.append(("parallel.tp", f"tp={tp} needs torch.distributed initialised with {tp} ranks, and xrt starts "
+                    "no workers yet (tensor parallelism is the next issue); use parallel.tp=1"))
     return out

@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
+from xrt.kernels import settings
+
 
 @functools.cache
 def block_size(n: int) -> int:
@@ -30,29 +32,21 @@ def _pdl_on(device_index: int) -> bool:
     import torch
     import triton.language.extra.cuda as tl_cuda
 
-    if os.environ.get("XRT_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if not hasattr(tl_cuda, "gdc_wait"):
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-# PDL only for launches of at most this many rows (decode batches): there it hides ~0.5 us of launch and
-# ramp per kernel (H200 decode graph replay, 0.6B: 1118 -> 1003 us at batch 1, 1508 -> 1375 us at batch 8);
-# at batch 100 the replay measured 4.65-4.71 ms with it on every launch, 4.45-4.48 ms without and with this
-# limit (bench/results/h200-5b0c7b6, h200-4e548c7; a guess at the cause: early-launched programs holding SM
-# slots the long attention and GEMM kernels could use), and a prefill's kernels are long enough that there is
-# little to hide.
-PDL_MAX_ROWS = 16
-
-
 def pdl(t: object, rows: int) -> bool:
     """Whether a launch over `rows` rows of t's device uses programmatic dependent launch (Hopper and later,
-    rows <= PDL_MAX_ROWS; XRT_PDL=0 turns it off). A PDL kernel may start while the kernel before it drains
-    (its launch and set-up overlap the tail of the other); it must run `gdc_wait()` before it reads what
-    earlier kernels wrote or writes anything they may still read. Pass `PDL=on, **pdl_launch(on)` to the launch."""
+    rows <= executor.pdl_max_rows, none with executor.pdl=false: `xrt.kernels.settings`). A PDL kernel may
+    start while the kernel before it drains (its launch and set-up overlap the tail of the other); it must run
+    `gdc_wait()` before it reads what earlier kernels wrote or writes anything they may still read. Pass
+    `PDL=on, **pdl_launch(on)` to the launch."""
     device = getattr(t, "device", None)
-    return rows <= PDL_MAX_ROWS and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
+    return rows <= settings.pdl_max_rows and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
 
 
 def pdl_launch(on: bool) -> dict[str, bool]:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xrt.layers.linear import SKINNY_ROWS
+from xrt.layers import linear as linear_layers
 from xrt.layers.weights import check_shape, new_param
 from xrt.ops.collectives import all_gather, all_reduce_
 from xrt.ops.compute import linear
@@ -43,7 +43,7 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.is_cuda and hidden.dim() == 2 and hidden.shape[0] <= SKINNY_ROWS:
+        if hidden.is_cuda and hidden.dim() == 2 and hidden.shape[0] <= linear_layers.SKINNY_ROWS:
             logits = linear(hidden, self.weight)
         else:
             logits = F.linear(hidden, self.weight)

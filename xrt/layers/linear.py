@@ -4,8 +4,6 @@ fused column-parallel layers loaded shard by shard from the checkpoint's separat
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,15 +13,19 @@ from xrt.ops.collectives import all_reduce_
 from xrt.ops.compute import linear, silu_and_mul, silu_and_mul_linear, uses_skinny_gemm
 from xrt.ops.parallel_state import tp_rank, tp_size
 
-# Decode batches up to this many rows go through xrt::linear, whose CUDA implementation picks the
-# skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
+# The layers' switches, from cfg.executor through `xrt.executor.options.apply_options` (module attributes: read on
+# every call, as cheap as the constants they were). Why these defaults: ExecutorArgs' field help.
+# executor.skinny_gemm_max_rows: CUDA batches up to this many rows go through xrt::linear, whose implementation
+# picks the skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
 SKINNY_ROWS = 8
-# Where a layer runs the skinny GEMM, the norm or activation producing its input may run inside it (the fused
-# prologue ops): one kernel launch fewer each. Off by default: with programmatic dependent launch the separate
-# small kernels cost little, and the fused GEMVs start their weight loads only after the prologue, so on the
-# H200 (0.6B, decode graph replay) fusion was slower: 887 -> 961 us at batch 1, 1417 -> 1507 us at batch 8
-# (bench/results/h200-5b0c7b6). XRT_FUSE_PROLOGUES=1 turns it on (tests compare the two paths).
-FUSE_PROLOGUES = os.environ.get("XRT_FUSE_PROLOGUES", "0") == "1"
+# executor.fuse_prologues: where a layer runs the skinny GEMM, the norm or activation producing its input runs
+# inside it (the fused prologue ops), one kernel launch fewer each.
+FUSE_PROLOGUES = False
+
+
+def set_options(skinny_rows: int, fuse_prologues: bool) -> None:
+    global SKINNY_ROWS, FUSE_PROLOGUES
+    SKINNY_ROWS, FUSE_PROLOGUES = skinny_rows, fuse_prologues
 
 
 class _Linear(nn.Module):

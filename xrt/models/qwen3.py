@@ -46,7 +46,7 @@ class Qwen3DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (mlp output, residual stream before it); the next layer's norm adds them. Each norm runs
         with the projection after it, and the MLP's activation with the down projection: with
-        xrt.layers.linear.FUSE_PROLOGUES (off by default) fused into the projection's kernel at decode batch
+        executor.fuse_prologues (off by default) fused into the projection's kernel at decode batch
         sizes on CUDA (RMSNorm.add_forward_linear, GatedMLP.down_forward)."""
         attn, mlp = self.self_attn, self.mlp
         if residual is None:
