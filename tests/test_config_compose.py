@@ -129,6 +129,16 @@ def test_errors_name_the_field_and_are_all_reported_at_once() -> None:
     assert found["tp"] == "unknown field; did you mean parallel.tp?"
 
 
+def test_cross_field_rules_still_run_when_a_section_has_field_errors() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(["cache.kv_size_gb=-1", "parallel.tp=3", "model.max_model_len=0"])
+    assert {"cache.kv_size_gb: must be > 0, got -1", "model.max_model_len: must be > 0, got 0",
+            "parallel.tp: must divide model.num_attention_heads=4, got 3"} <= set(e.value.lines())
+    # a rule that would divide by an invalid value adds nothing to that value's own line
+    assert problems_of(["parallel.tp=0", "model.num_key_value_heads=0"]) == {
+        "model.num_key_value_heads": "must be > 0, got 0", "parallel.tp": "must be >= 1, got 0"}
+
+
 def test_hydra_level_errors_become_problems() -> None:
     assert "available: qwen3, qwen3-0.6b" in problems_of(["model=qwen5"])["model"]
     assert "cannot parse" in problems_of(["model.name=["])["model.name"]

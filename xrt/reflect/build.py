@@ -40,7 +40,8 @@ def build(cls: type[T], mapping: Mapping[str, Any] | T | None, *, path: str = ""
 
 
 def build_into(cls: type, mapping: Any, path: str, problems: list[Problem]) -> Any:
-    """Like `build`, appending problems instead of raising; returns INVALID when it cannot build."""
+    """Like `build`, appending problems instead of raising; returns INVALID when it cannot build an instance
+    (a value of the wrong type, a missing field), else the instance even if values failed their validators."""
     if mapping is None:
         mapping = {}
     if not isinstance(mapping, Mapping):
@@ -83,9 +84,11 @@ def build_into(cls: type, mapping: Any, path: str, problems: list[Problem]) -> A
         problems.extend(per_field[name])
     if inst is None:
         return INVALID
-    if len(problems) == start:
-        _run_check(inst, path, problems)
-    return inst if len(problems) == start else INVALID
+    # Cross-field rules run even when fields failed their validators (every value has its type), so one run
+    # reports both; a rule that crashes on such a value, or names a field already reported, adds nothing. The
+    # instance is returned either way so the enclosing class's rules run too (`build` raises on any problem).
+    _run_check(inst, path, problems, reported=problems[start:])
+    return inst
 
 
 def convert(value: Any, tp: Any, path: str, problems: list[Problem]) -> Any:
@@ -131,17 +134,20 @@ def convert(value: Any, tp: Any, path: str, problems: list[Problem]) -> Any:
         return INVALID
 
 
-def _run_check(inst: Any, path: str, problems: list[Problem]) -> None:
+def _run_check(inst: Any, path: str, problems: list[Problem], reported: list[Problem]) -> None:
     check = getattr(inst, "check", None)
     if not callable(check):
         return
     try:
         found = check()
     except Exception as e:  # a crashing cross-field rule must still come out as one clean line
-        problems.append((path, f"invalid combination of values ({type(e).__name__}: {e})"))
+        if not reported:
+            problems.append((path, f"invalid combination of values ({type(e).__name__}: {e})"))
         return
+    known = {p for p, _ in reported}
     for rel, message in found or []:
-        problems.append((join_path(path, rel), message))
+        if join_path(path, rel) not in known:
+            problems.append((join_path(path, rel), message))
 
 
 def _unknown(key: str, path: str, names: list[str]) -> str:
