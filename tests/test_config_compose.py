@@ -115,7 +115,18 @@ def test_bench_config_is_the_seed_protocol() -> None:
 
 
 def test_python_api_is_the_same_composition() -> None:
+    assert xrt.load_config is load_config
     assert xrt.load_config(["model=qwen3-4b"]) == load_config(["model=qwen3-4b"])
+
+
+def test_the_composer_is_library_code_without_the_cli() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, xrt; xrt.load_config(['model=qwen3']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('xrt.cli', 'torch'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
 
 
 def test_errors_name_the_field_and_are_all_reported_at_once() -> None:

@@ -8,11 +8,13 @@ import json
 import os
 import random
 
+import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from xrt.config import CacheArgs, Device, ModelArgs, XrtConfig
+from xrt.executor.options import apply_options
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
 from xrt.models.loader import CheckpointError
@@ -158,6 +160,11 @@ def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w: True)
+    # The switch as a config sets it (executor.fuse_prologues), the module's value restored afterwards.
+    monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", linear_layers.FUSE_PROLOGUES)
+    unfused_cfg, fused_cfg = (
+        attrs.evolve(runner.cfg, executor=attrs.evolve(runner.cfg.executor, fuse_prologues=on)) for on in (False, True)
+    )
     rng = random.Random(4)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 5, 12, 3)]
     pool = PagePool(runner.num_pages, seed=5)
@@ -169,10 +176,10 @@ def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
         for s, logits in zip(seqs, rows[-1], strict=True):
             s.append(int(logits.argmax()))
         step = StepInput(False, [SeqChunk([s[-1]], len(s) - 1, t) for s, t in zip(seqs, tables, strict=True)])
-        monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", False)
+        apply_options(unfused_cfg)
         unfused = runner.execute(step)
         assert calls == []
-        monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", True)
+        apply_options(fused_cfg)
         rows.append(runner.execute(step))
         assert torch.equal(rows[-1], unfused)
         layers = runner.model.args.num_hidden_layers

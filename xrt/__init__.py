@@ -1,4 +1,9 @@
-"""xrt: a declarative, config-driven LLM inference runtime."""
+"""xrt: a declarative, config-driven LLM inference runtime.
+
+    import xrt
+    cfg = xrt.load_config(["model=qwen3-0.6b", "model.path=/ckpt"])   # the CLI's composition (xrt.config.compose)
+    outputs = xrt.LLM(cfg).generate(["Hello"])
+"""
 
 from __future__ import annotations
 

@@ -62,7 +62,12 @@ def config_names(conf: Path | None = None) -> list[str]:
 
 
 def load_config(overrides: list[str] | None = None, *, config_name: str = "config") -> XrtConfig:
-    """The validated config for these Hydra overrides (same composition as the CLI)."""
+    """The validated `XrtConfig` for these Hydra overrides, e.g. `["model=qwen3-0.6b", "executor=cudagraph",
+    "sampling.max_tokens=32"]`: conf/'s defaults and groups, then the overrides, then (with model.path set) the
+    checkpoint's config.json. Library API, exported as `xrt.load_config`; the CLI composes through it too.
+    `config_name`: the primary config in conf/ ("config", or "bench" for the benchmark protocol). Raises
+    `ConfigError` listing every problem with its dotted field. Changes no global state (working directory,
+    logging): `log_level` and the executor's switches apply when a runner is built from the config."""
     overrides = list(overrides or [])
     conf = conf_dir()
     problems: list[Problem] = []

@@ -14,6 +14,7 @@ import attrs
 
 from xrt.config.bench import BenchArgs, ProfileArgs
 from xrt.config.problems import Problems
+from xrt.log import LEVELS
 from xrt.reflect import each, field, ge, gt, in_range, power_of_two
 
 
@@ -36,11 +37,8 @@ class DType(enum.Enum):
     FLOAT16 = "float16"
 
 
-class LogLevel(enum.Enum):
-    DEBUG = "debug"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
+# The levels xrt.log knows (debug, info, warning, error), defined there once.
+LogLevel = enum.Enum("LogLevel", {level.upper(): level for level in LEVELS})
 
 
 class ExecutorKind(enum.Enum):
@@ -72,7 +70,13 @@ class ModelArgs:
         2048, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)
     )
     tie_word_embeddings: bool = field(True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings")
-    max_model_len: int = field(1024, help="longest sequence (prompt + output) served", unit="tokens", validator=gt(0))
+    max_model_len: int = field(
+        1024,
+        help="longest sequence (prompt + output) served; unless set on the command line, capped by the "
+        "checkpoint's max_position_embeddings when model.path is given",
+        unit="tokens",
+        validator=gt(0),
+    )
 
     def check(self) -> Problems:
         out: Problems = []

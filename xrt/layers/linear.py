@@ -34,6 +34,25 @@ class _Linear(nn.Module):
 
     weight: nn.Parameter
     _weight_t: torch.Tensor | None = None
+    # The dimension of weight [output, input] split across tensor-parallel ranks: 0 output (column-parallel),
+    # 1 input (row-parallel).
+    split_dim: int
+
+    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        shape, what = [output_size, input_size], ("output size", "input size")[self.split_dim]
+        shape[self.split_dim] = divide(shape[self.split_dim], self.tp_size, what)
+        self.weight = new_param(tuple(shape), dtype, device)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """This rank's slice of the checkpoint's full [output, input] tensor."""
+        check_shape(loaded, (self.output_size, self.input_size))
+        n = param.shape[self.split_dim]
+        param.data.copy_(loaded.narrow(self.split_dim, self.tp_rank * n, n))
 
     def fuses_prologue(self, x: torch.Tensor) -> bool:
         """Whether the elementwise op computing this layer's input from x (as many rows) runs fused into the
@@ -54,19 +73,7 @@ class _Linear(nn.Module):
 
 
 class ColumnParallelLinear(_Linear):
-    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.input_size = input_size
-        self.output_size = output_size
-        self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        self.output_size_per_rank = divide(output_size, self.tp_size, "output size")
-        self.weight = new_param((self.output_size_per_rank, input_size), dtype, device)
-        self.weight.weight_loader = self.weight_loader
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        check_shape(loaded, (self.output_size, self.input_size))
-        n = self.output_size_per_rank
-        param.data.copy_(loaded.narrow(0, self.tp_rank * n, n))
+    split_dim = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
@@ -130,19 +137,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(_Linear):
-    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.input_size = input_size
-        self.output_size = output_size
-        self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        self.input_size_per_rank = divide(input_size, self.tp_size, "input size")
-        self.weight = new_param((output_size, self.input_size_per_rank), dtype, device)
-        self.weight.weight_loader = self.weight_loader
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        check_shape(loaded, (self.output_size, self.input_size))
-        n = self.input_size_per_rank
-        param.data.copy_(loaded.narrow(1, self.tp_rank * n, n))
+    split_dim = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._reduce(self.matmul(x))
