@@ -120,6 +120,7 @@ def test_verbosity_flags_are_the_log_level_field_and_apply_to_the_run(
     assert cli.main(["run", *flags, "device=cpu"]) == 0
     assert calls[0][0].log_level.value == level
     assert xrt_logger.getEffectiveLevel() == logging.getLevelName(level.upper())
+    assert cli.main(["config", "fields", *(f for f in flags if f.startswith("-"))]) == 0  # fine where no overrides are
 
 
 def test_config_error_from_a_subcommand_is_clean(monkeypatch: pytest.MonkeyPatch,

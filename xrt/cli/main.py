@@ -127,8 +127,6 @@ def parse_args(args: list[str]) -> Invocation:
             inv.action = tok
         else:
             inv.overrides.append(tok)
-    if inv.log_level is not None:
-        inv.overrides.append(f"log_level={inv.log_level}")
     return inv
 
 
@@ -179,11 +177,12 @@ def _dispatch(inv: Invocation) -> int:
 
 
 def _jobs(inv: Invocation) -> list[list[str]]:
+    overrides = inv.overrides + ([f"log_level={inv.log_level}"] if inv.log_level else [])
     if not inv.multirun:
-        return [inv.overrides]
+        return [overrides]
     from xrt.config.compose import expand_sweeps
 
-    return expand_sweeps(inv.overrides)
+    return expand_sweeps(overrides)
 
 
 def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> list:

@@ -1,5 +1,5 @@
 """attrs validators whose messages read well after a dotted path:
-`cache.l1.size_gb: must be >= 0, got -1`. They raise ValueError("must be ..., got ...");
+`cache.kv_size_gb: must be > 0, got -1`. They raise ValueError("must be ..., got ...");
 `xrt.reflect.build` prefixes the path."""
 
 from __future__ import annotations
