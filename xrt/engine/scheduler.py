@@ -34,6 +34,11 @@ class ScheduledStep:
 
 
 class Scheduler:
+    """What the engine calls: admission_error / add (requests in); schedule, then postprocess after the
+    pass (synchronous steps); schedule_overlapped, decode_batch and decode_resolved (decode steps the
+    runner launches itself); finish, take_finished, has_unfinished / has_finished. The KV cache
+    manager (`kv`) is the scheduler's: the engine never touches it."""
+
     def __init__(self, args: SchedulerArgs, kv: KVCacheManager, max_model_len: int) -> None:
         self.args = args
         self.kv = kv

@@ -7,10 +7,13 @@ free list in eviction order); every admitted sequence also has a row in `page_ta
 [rows, pages] int32 array a decode launch gathers its page tables from.
 
 Where KV tiers attach (the shape of vLLM's offloading manager: lookup / prepare_load / complete_load
-/ prepare_store / complete_store): a tier stores from `add_commit_listener` (called once per batch of
-newly full, computed pages, with their keys and token range; it pins what it copies and unpins when
-the copy is done), and loads a longer prefix than `lookup` found into freshly allocated pages, pinned
-while the load fills them.
+/ prepare_store / complete_store), with no change to the scheduler:
+- store: `add_commit_listener` reports newly full, computed pages with their keys and token range;
+  the tier pins what it copies (`pin`) and unpins when the copy is done.
+- load: a tiered manager extends `lookup` to continue the key chain in L1, then L2 (a hit whose
+  num_tokens reaches past its GPU `pages`) and `allocate` to fill the fresh pages after hit.pages
+  from the tier, pinned while the load runs, ordered before the next forward pass. The scheduler
+  already admits by hit.num_tokens, counts only hit.pages as shared and prefills the rest.
 """
 
 from __future__ import annotations
@@ -128,8 +131,8 @@ class KVCacheManager:
         self.pool.unpin(page_ids)
 
     def evict(self, max_pages: int | None = None) -> list[int]:
-        """Forget the prefix-cache keys of up to max_pages free pages (None: all), next-to-be-reused
-        first; returns those pages. Pages in use or pinned keep theirs."""
+        """Forget the prefix-cache keys of up to max_pages keyed free pages (None: all), next to be
+        reused first; returns those pages. Pages in use or pinned keep theirs."""
         return self.pool.evict(max_pages)
 
     @property

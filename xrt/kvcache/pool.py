@@ -127,8 +127,8 @@ class PagePool:
                 self.free[pid] = None
 
     def evict(self, max_pages: int | None = None) -> list[int]:
-        """Drop the prefix-cache keys of up to max_pages free pages (None: all), in eviction order;
-        the pages stay free. Returns the pages whose keys were dropped."""
+        """Drop the prefix-cache keys of up to max_pages keyed free pages (None: all), in eviction
+        order; the pages stay free. Returns the pages whose keys were dropped."""
         evicted: list[int] = []
         for pid in self.free:
             if max_pages is not None and len(evicted) >= max_pages:
