@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
-from xrt.executor.step import StepInput
+from xrt.executor.interface import PendingTokens
+from xrt.executor.step import DecodeBatch, StepInput
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +105,8 @@ class FakeRunner:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.checkpoint_dir: str | None = None
+        self.decode_capacity = 0  # no launch_decode: every step goes through execute()
+        self.last_argmax: torch.Tensor | None = None
         self.kv: list[tuple[int, int] | None] = [None] * (num_pages * page_size)
         self.steps: list[StepInput] = []
 
@@ -141,6 +144,23 @@ class FakeRunner:
         if not rows:
             return torch.empty(0, self.vocab_size)
         return torch.stack(rows)
+
+    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
+        raise NotImplementedError("FakeRunner has decode_capacity 0")
+
+
+def _missing_members(obj: object, protocol: type) -> list[str]:
+    declared = set(protocol.__annotations__) | {
+        name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")
+    }
+    return sorted(name for name in declared if not hasattr(obj, name))
+
+
+@pytest.fixture
+def missing_members() -> Callable[[object, type], list[str]]:
+    """missing_members(obj, Protocol) -> the attributes and methods the protocol declares that obj
+    lacks (a structural check that also covers plain attributes, which isinstance ignores)."""
+    return _missing_members
 
 
 @pytest.fixture

@@ -8,10 +8,15 @@ from collections.abc import Callable
 
 import pytest
 
-from xrt.config import SamplingArgs
+from xrt.config import CacheArgs, Device, LoadFormat, SamplingArgs, XrtConfig
 from xrt.engine.detokenizer import IncrementalDetokenizer
 from xrt.engine.engine import LLMEngine
 from xrt.engine.llm import LLM
+from xrt.engine.sequence import Sequence
+from xrt.executor.interface import Runner
+from xrt.executor.runner import ModelRunner
+from xrt.kvcache.interface import KVSeq
+from xrt.models.tiny import tiny_model_args
 
 GREEDY = SamplingArgs(max_tokens=12, ignore_eos=True)
 
@@ -218,3 +223,20 @@ def test_preempted_sequence_longer_than_the_budget_is_recomputed_in_chunks(
     assert [o.token_ids for o in outs] == [runner.reference_greedy(p, 12) for p in prompts]
     assert all(s.num_tokens <= 16 for s in runner.steps if s.is_prefill)
     assert any(not c.needs_logits for s in runner.steps for c in s.seqs)  # a recompute was split
+
+
+def test_runners_satisfy_the_declared_protocols(fake_runner: Callable, missing_members: Callable) -> None:
+    """The engine reaches the runner only through `Runner`, so the real eager runner and the fake
+    must both carry every member it declares; the engine's Sequence carries what the KV cache uses."""
+    import attrs
+
+    model = attrs.evolve(tiny_model_args(), load_format=LoadFormat.DUMMY)
+    eager = ModelRunner(XrtConfig(model=model, device=Device.CPU, cache=CacheArgs(page_size=4, num_pages=8)))
+    fake = fake_runner()
+    for runner in (eager, fake):
+        assert missing_members(runner, Runner) == []
+        assert runner.decode_capacity == 0 and runner.last_argmax is None
+        with pytest.raises(NotImplementedError):
+            runner.launch_decode(None, None)  # type: ignore[arg-type]
+    assert "launch_decode" in missing_members(object(), Runner)  # the check itself sees methods and fields
+    assert missing_members(Sequence(0, [1], SamplingArgs(), 0), KVSeq) == []

@@ -17,8 +17,10 @@ from xrt.engine.detokenizer import IncrementalDetokenizer
 from xrt.engine.engine import LLMEngine
 from xrt.engine.llm import LLM
 from xrt.engine.outputs import RequestOutput
+from xrt.executor.interface import Runner
 from xrt.executor.prepare import DecodeStaging, stage_decode_rows
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.pool import page_hash
 
 GREEDY = SamplingArgs(max_tokens=12, ignore_eos=True)
 JUNK = 77
@@ -52,6 +54,7 @@ class AsyncFakeRunner:
         self.max_model_len, self.vocab_size = base.max_model_len, base.vocab_size
         self.checkpoint_dir = None
         self.decode_capacity = capacity
+        self.last_argmax = None  # execute() is the base's, which computes no argmax
         max_pages = -(-(base.max_model_len + 1) // base.page_size)
         self.staging = DecodeStaging.zeros(capacity, max_pages)
         self.passes = 0
@@ -112,6 +115,10 @@ class AsyncFakeRunner:
         return pending
 
 
+def test_the_async_fake_is_a_runner(fake_runner: Callable, missing_members: Callable) -> None:
+    assert missing_members(AsyncFakeRunner(fake_runner()), Runner) == []
+
+
 class CharTokenizer:
     """id i <-> chr(32 + i)."""
 
@@ -146,8 +153,8 @@ def both(fake_runner: Callable, cfg: Any, run: Callable[[LLM], list[RequestOutpu
     runner = AsyncFakeRunner(fake_runner(**runner_args), capacity)
     llm = LLM(cfg, runner=runner, tokenizer=tokenizer)
     overlapped = run(llm)
-    bm = llm.engine.scheduler.block_manager
-    assert bm.num_free_pages == bm.num_pages, "pages leaked"
+    kv = llm.engine.scheduler.kv
+    assert kv.num_free_pages == kv.num_pages, "pages leaked"
     assert not runner.in_flight or not llm.engine.has_unfinished()
     return sync, overlapped, runner
 
@@ -296,3 +303,31 @@ def test_step_count_and_tokens_match_the_synchronous_engine(fake_runner: Callabl
     assert engine.num_generated_tokens == 36
     assert runner.launch_sizes == [3] * 11  # no launch for a row past its last token
     assert not runner.in_flight
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_commit_listeners_see_every_computed_page_once(
+    fake_runner: Callable, fake_cfg: Callable, overlap: bool
+) -> None:
+    """The hook KV tiers store from: through prefill chunks, synchronous and overlapped decoding and
+    prefix hits, every full page a request computed is reported exactly once, in order, with its key."""
+    runner = fake_runner()
+    llm = LLM(fake_cfg(max_batched_tokens=8), runner=AsyncFakeRunner(runner) if overlap else runner)
+    kv = llm.engine.scheduler.kv
+    covered: dict[int, list[tuple[int, int, list[bytes]]]] = {}
+    kv.add_commit_listener(lambda e: covered.setdefault(e.seq.request_id, []).append((e.start, e.end, e.hashes)))
+    ps = prompts(7, n=6)
+    outs = llm.generate(ps, [SamplingArgs(max_tokens=5 + 3 * i, ignore_eos=True) for i in range(6)])
+    assert any(o.num_cached_tokens for o in outs)  # the shared prompts hit the cache
+    assert not overlap or llm.engine.runner.max_in_flight == 2  # type: ignore[attr-defined]
+    for o in outs:
+        tokens = o.prompt_token_ids + o.token_ids
+        ranges = covered.get(o.request_id, [])
+        starts = [o.num_cached_tokens] + [end for _, end, _ in ranges[:-1]]
+        assert [start for start, _, _ in ranges] == starts  # contiguous from the cached prefix, no repeats
+        end = (len(tokens) - 1) // kv.page_size * kv.page_size  # the last token's KV is never computed
+        assert (ranges[-1][1] if ranges else o.num_cached_tokens) == end
+        keys = [page_hash(None, tokens[:4])]
+        for i in range(1, end // 4):
+            keys.append(page_hash(keys[-1], tokens[4 * i : 4 * i + 4]))
+        assert [h for _, _, hs in ranges for h in hs] == keys[o.num_cached_tokens // 4 :]

@@ -67,7 +67,7 @@ def test_greedy_matches_hf_generate(
     assert all(len(c) == NEW_TOKENS for c in hf_continuations)  # full-length continuations, no early eos
     assert hf_continuations[1] != hf_continuations[3]  # continuations depend on more than the shared prefix
     if cache.prefix_caching:
-        assert llm.engine.scheduler.block_manager.cached  # shared-prefix pages were registered for reuse
+        assert llm.engine.scheduler.kv.cached  # shared-prefix pages were registered for reuse
 
 
 def test_shared_prefix_is_served_from_the_cache_and_matches_hf(

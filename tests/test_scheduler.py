@@ -4,16 +4,16 @@ from xrt.config import SamplingArgs, SchedulerArgs
 from xrt.engine.scheduler import ScheduledStep, Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.executor.step import SeqChunk
-from xrt.kvcache.block_manager import BlockManager
+from xrt.kvcache.manager import KVCacheManager
 
 PS = 4
 
 
 def make(num_pages: int = 64, budget: int = 16, chunked: bool = True, max_num_seqs: int = 256,
          max_model_len: int = 256, prefix_caching: bool = True) -> Scheduler:
-    bm = BlockManager(num_pages, PS, prefix_caching)
+    kv = KVCacheManager(num_pages, PS, prefix_caching)
     args = SchedulerArgs(max_num_seqs=max_num_seqs, max_batched_tokens=budget, chunked_prefill=chunked)
-    return Scheduler(args, bm, max_model_len)
+    return Scheduler(args, kv, max_model_len)
 
 
 def add(s: Scheduler, n: int, request_id: int, max_tokens: int = 4, first: int = 0) -> Sequence:
@@ -133,7 +133,7 @@ def test_preemption_frees_the_newest_and_recomputes_it() -> None:
     s = make(num_pages=6, budget=64)
     seqs = [add(s, 5, i, max_tokens=8, first=10 * i) for i in range(3)]
     first = run_step(s)
-    assert first is not None and len(first.seqs) == 3 and s.block_manager.num_free_pages == 0
+    assert first is not None and len(first.seqs) == 3 and s.kv.num_free_pages == 0
     for _ in range(4):  # decode until the sequences need a third page each
         run_step(s)
         if s.num_preemptions:

@@ -1,7 +1,10 @@
 """LLMEngine: requests in, one scheduled forward pass per `step()`, finished requests out.
 
-Overlapped decoding: with a runner that launches greedy decode steps itself (`DecodeLauncher`, the
-CUDA-graph runner), a decode `step()` launches step N+1 before it reads step N's tokens back, so the
+The engine uses the runner only through `xrt.executor.interface.Runner` and the scheduler (which
+owns the KV cache manager) only through its public methods.
+
+Overlapped decoding: with a runner that launches greedy decode steps itself (`decode_capacity` > 0,
+the CUDA-graph runner), a decode `step()` launches step N+1 before it reads step N's tokens back, so the
 device runs N+1 while the host does the bookkeeping of N (append, stop checks, finishing) and the
 caller's work until the next `step()`. Step N+1 takes its input tokens from step N's in-graph argmax
 on the device; its positions, slots and pages depend only on lengths. A sequence that finishes at
@@ -16,50 +19,22 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
-from xrt.engine.sequence import SeqStatus, Sequence
+from xrt.engine.sequence import Sequence
 from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
-from xrt.executor.step import DecodeBatch, StepInput
-from xrt.kvcache.block_manager import BlockManager
+from xrt.engine.validate_sampling import validate_sampling
+from xrt.executor.interface import PendingTokens, Runner
+from xrt.kvcache.manager import KVCacheManager
 
 Prompt = str | list[int]
-
-
-class Runner(Protocol):
-    """What the engine needs from `xrt.executor.runner.ModelRunner`."""
-
-    device: torch.device
-    num_pages: int
-    page_size: int
-    max_model_len: int
-    checkpoint_dir: str | None
-
-    def execute(self, step: StepInput) -> torch.Tensor: ...
-
-
-class PendingTokens(Protocol):
-    def tokens(self) -> list[int]:
-        """The launched step's greedy token per real row; waits for the device."""
-        ...
-
-
-class DecodeLauncher(Protocol):
-    """A runner that launches greedy decode steps itself and leaves their tokens on the device."""
-
-    decode_capacity: int  # most sequences one launch takes
-
-    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
-        """Stage and launch the step; `after`: the previous launch, whose tokens sources refer to."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -69,32 +44,6 @@ class Launch:
     seqs: list[Sequence]
     positions: list[int]  # the position each row fed
     pending: PendingTokens
-
-
-def validate_sampling(sampling: SamplingArgs | dict[str, Any] | None, default: SamplingArgs) -> SamplingArgs:
-    """A checked copy; errors name the field: `sampling.top_p: must be in (0.0, 1.0], got 0`."""
-    if sampling is None:
-        return attrs.evolve(default)
-    if isinstance(sampling, dict):
-        names = {a.name for a in attrs.fields(SamplingArgs)}
-        unknown = sorted(set(sampling) - names)
-        if unknown:
-            raise ValueError(f"sampling.{unknown[0]}: unknown field (expected one of {', '.join(sorted(names))})")
-        with attrs.validators.disabled():
-            sampling = attrs.evolve(default, **sampling)
-    elif not isinstance(sampling, SamplingArgs):
-        raise ValueError(f"sampling: expected SamplingArgs or a dict, got {type(sampling).__name__}")
-    for a in attrs.fields(SamplingArgs):
-        value = getattr(sampling, a.name)
-        if a.validator is None:
-            continue
-        try:
-            a.validator(sampling, a, value)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"sampling.{a.name}: {e}") from None
-    if not isinstance(sampling.stop, list) or not all(isinstance(s, str) for s in sampling.stop):
-        raise ValueError(f"sampling.stop: must be a list of strings, got {sampling.stop!r}")
-    return attrs.evolve(sampling, stop=list(sampling.stop))
 
 
 class LLMEngine:
@@ -114,13 +63,12 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else []
         self.max_model_len = runner.max_model_len
-        self.vocab_size: int = getattr(runner, "vocab_size", cfg.model.vocab_size)
-        block_manager = BlockManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
-        self.scheduler = Scheduler(cfg.scheduler, block_manager, self.max_model_len)
+        self.vocab_size = runner.vocab_size
+        kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
+        self.scheduler = Scheduler(cfg.scheduler, kv, self.max_model_len)
         self._ids = itertools.count()
-        self._launcher: DecodeLauncher | None = runner if getattr(runner, "decode_capacity", 0) > 0 else None  # type: ignore[assignment]
         # executor.overlap=false turns overlapping off, to measure what it buys.
-        self._overlap = self._launcher is not None and cfg.executor.overlap
+        self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
         self.num_steps = 0
         self.num_prefill_tokens = 0
@@ -164,7 +112,7 @@ class LLMEngine:
         return request_id
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self.scheduler.newly_finished)
+        return self.scheduler.has_unfinished() or self.scheduler.has_finished()
 
     def step(self) -> list[RequestOutput]:
         """Runs one forward pass (if any work is ready); returns the requests that finished."""
@@ -191,7 +139,8 @@ class LLMEngine:
         if step.is_prefill:
             self.num_prefill_tokens += step.num_tokens
         if not step.is_prefill and self._launchable(seqs):
-            tokens = self._launch(seqs, overlapped=False, after=None).tokens()
+            batch = self.scheduler.decode_batch(seqs, overlapped=False)
+            tokens = self.runner.launch_decode(batch, None).tokens()
             self.scheduler.postprocess(scheduled)
         else:
             logits = self.runner.execute(step)
@@ -203,66 +152,27 @@ class LLMEngine:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
-        argmax = getattr(self.runner, "last_argmax", None)
-        return sample(logits, [s.sampling for s in seqs], generators, argmax)
+        return sample(logits, [s.sampling for s in seqs], generators, self.runner.last_argmax)
 
     def _launchable(self, seqs: list[Sequence]) -> bool:
-        return (
-            self._launcher is not None
-            and len(seqs) <= self._launcher.decode_capacity
-            and all(s.sampling.temperature == 0 for s in seqs)
-        )
+        return len(seqs) <= self.runner.decode_capacity and all(s.sampling.temperature == 0 for s in seqs)
 
     def _launch_overlapped(self) -> bool:
         """Launch the next decode step while the one in flight (if any) runs; False when it cannot be."""
-        assert self._launcher is not None
-        seqs = self.scheduler.schedule_overlapped(self._launcher.decode_capacity)
+        seqs = self.scheduler.schedule_overlapped(self.runner.decode_capacity)
         if not seqs:
             return False
         after = self._inflight[-1].pending if self._inflight else None
         self.num_steps += 1
-        self._launch(seqs, overlapped=True, after=after)
+        batch = self.scheduler.decode_batch(seqs, overlapped=True)
+        self._inflight.append(Launch(seqs, batch.positions, self.runner.launch_decode(batch, after)))
         return True
-
-    def _launch(self, seqs: list[Sequence], overlapped: bool, after: PendingTokens | None) -> PendingTokens:
-        """Stage one greedy decode step of `seqs` (pages already allotted) and launch it. A sequence
-        with a token in flight feeds it from the device. overlapped: the step counts as computed now
-        and its tokens are read by _resolve; else the caller reads them and runs postprocess."""
-        assert self._launcher is not None
-        tokens, sources, positions, rows = [], [], [], []
-        for i, seq in enumerate(seqs):
-            if seq.num_pending_tokens:
-                tokens.append(0)
-                sources.append(seq.decode_row)
-            else:
-                tokens.append(seq.token_ids[-1])
-                sources.append(-1)
-            positions.append(seq.num_computed_tokens)
-            rows.append(seq.table_row)
-            if overlapped:
-                seq.num_computed_tokens += 1
-                seq.num_pending_tokens += 1
-                seq.decode_row = i
-        bm = self.scheduler.block_manager
-        batch = DecodeBatch(tokens, sources, positions, rows, bm.page_tables.table)
-        pending = self._launcher.launch_decode(batch, after)
-        if overlapped:
-            self._inflight.append(Launch(seqs, positions, pending))
-        return pending
 
     def _resolve(self, launch: Launch) -> None:
         """Read a launched step's tokens back and do its bookkeeping."""
         tokens = launch.pending.tokens()
         now = time.perf_counter()
-        bm = self.scheduler.block_manager
-        ps, caching = bm.page_size, bm.prefix_caching
-        for seq, token, pos in zip(launch.seqs, tokens, launch.positions, strict=True):
-            if seq.status is SeqStatus.FINISHED:
-                continue  # finished at the step before: this row was wasted, its token is dropped
-            seq.num_pending_tokens -= 1
-            if caching and (pos + 1) // ps > len(seq.page_hashes):
-                bm.commit(seq, pos + 1)  # a page became full
-            self._append(seq, token, now)
+        self.scheduler.decode_resolved(launch.seqs, launch.positions, tokens, now, self._append)
 
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         self.num_generated_tokens += 1

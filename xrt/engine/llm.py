@@ -8,9 +8,11 @@ from typing import Any
 from tqdm import tqdm
 
 from xrt.config import SamplingArgs, XrtConfig
-from xrt.engine.engine import LLMEngine, Prompt, Runner, validate_sampling
+from xrt.engine.engine import LLMEngine, Prompt
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.tokenizer import Message, Tokenizer
+from xrt.engine.validate_sampling import validate_sampling
+from xrt.executor.interface import Runner
 
 SamplingLike = SamplingArgs | dict[str, Any] | None
 

@@ -10,12 +10,16 @@ its length (known in advance), never from its tokens."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xrt.config import SchedulerArgs
 from xrt.engine.sequence import SeqStatus, Sequence
-from xrt.executor.step import SeqChunk, StepInput
-from xrt.kvcache.block_manager import BlockManager
+from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
+from xrt.kvcache.manager import KVCacheManager
+
+# Takes a sampled token: (sequence, token, time it was read back).
+OnToken = Callable[[Sequence, int, float], None]
 
 
 @dataclass(frozen=True)
@@ -30,9 +34,14 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, args: SchedulerArgs, block_manager: BlockManager, max_model_len: int) -> None:
+    """What the engine calls: admission_error / add (requests in); schedule, then postprocess after the
+    pass (synchronous steps); schedule_overlapped, decode_batch and decode_resolved (decode steps the
+    runner launches itself); finish, take_finished, has_unfinished / has_finished. The KV cache
+    manager (`kv`) is the scheduler's: the engine never touches it."""
+
+    def __init__(self, args: SchedulerArgs, kv: KVCacheManager, max_model_len: int) -> None:
         self.args = args
-        self.block_manager = block_manager
+        self.kv = kv
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -42,8 +51,8 @@ class Scheduler:
     def admission_error(self, num_prompt_tokens: int) -> str | None:
         """Why a prompt of this length can never run, or None."""
         n = num_prompt_tokens
-        bm = self.block_manager
-        capacity = bm.num_pages * bm.page_size
+        kv = self.kv
+        capacity = kv.num_pages * kv.page_size
         if n == 0:
             return "prompt is empty"
         if n + 1 > self.max_model_len:
@@ -53,7 +62,7 @@ class Scheduler:
             )
         if n + 1 > capacity:
             return (
-                f"prompt has {n} tokens but the KV cache holds {capacity} ({bm.num_pages} pages of {bm.page_size}); "
+                f"prompt has {n} tokens but the KV cache holds {capacity} ({kv.num_pages} pages of {kv.page_size}); "
                 "raise cache.num_pages or cache.kv_size_gb"
             )
         if not self.args.chunked_prefill and n > self.args.max_batched_tokens:
@@ -70,6 +79,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_finished(self) -> bool:
+        """Whether finished requests wait to be taken (`take_finished`)."""
+        return bool(self.newly_finished)
+
     def schedule(self) -> ScheduledStep | None:
         scheduled = self._schedule_prefill() or self._schedule_decode()
         if scheduled is None and self.waiting and not self.running:
@@ -84,7 +97,7 @@ class Scheduler:
             seq.num_computed_tokens += len(chunk.token_ids)
             if seq.in_prefill and seq.num_computed_tokens == seq.num_tokens:
                 seq.in_prefill = False
-            self.block_manager.commit(seq)
+            self.kv.commit(seq)
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if seq in self.running:
@@ -92,7 +105,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.page_table:
-            self.block_manager.free(seq)
+            self.kv.free(seq)
         seq.status = SeqStatus.FINISHED
         seq.in_prefill = False
         seq.finish_reason = reason
@@ -110,14 +123,16 @@ class Scheduler:
         run first, a sequence samples (its token needs the host), more than max_batch sequences run,
         or pages would run out (the synchronous path preempts). An empty list: nothing to launch,
         every sequence is finishing."""
-        bm = self.block_manager
+        kv = self.kv
         if len(self.running) > max_batch:
             return None
-        if self.waiting and len(self.running) < self.args.max_num_seqs and bm.can_allocate(self.waiting[0]):
-            return None
+        if self.waiting and len(self.running) < self.args.max_num_seqs:
+            head = self.waiting[0]
+            if kv.can_allocate(head, kv.lookup(head.token_ids)):
+                return None
         seqs: list[Sequence] = []
         growing: list[Sequence] = []
-        ps, max_len = bm.page_size, self.max_model_len
+        ps, max_len = kv.page_size, self.max_model_len
         for seq in self.running:
             sampling = seq.sampling
             if seq.in_prefill or sampling.temperature > 0:
@@ -128,11 +143,49 @@ class Scheduler:
             seqs.append(seq)
             if length > len(seq.page_table) * ps:
                 growing.append(seq)
-        if len(growing) > bm.num_free_pages:
+        if len(growing) > kv.num_free_pages:
             return None
         for seq in growing:
-            bm.append(seq)
+            kv.append(seq)
         return seqs
+
+    def decode_batch(self, seqs: list[Sequence], overlapped: bool) -> DecodeBatch:
+        """A greedy decode step of `seqs` (pages allotted) for `Runner.launch_decode`. A sequence with
+        a token in flight feeds it from the device (row `decode_row` of the previous launch).
+        overlapped: the step counts as computed now and its tokens come back through `decode_resolved`;
+        else the caller reads them and runs `postprocess` as for a synchronous step."""
+        tokens, sources, positions, rows = [], [], [], []
+        for i, seq in enumerate(seqs):
+            if seq.num_pending_tokens:
+                tokens.append(0)
+                sources.append(seq.decode_row)
+            else:
+                tokens.append(seq.token_ids[-1])
+                sources.append(-1)
+            positions.append(seq.num_computed_tokens)
+            rows.append(seq.table_row)
+            if overlapped:
+                seq.num_computed_tokens += 1
+                seq.num_pending_tokens += 1
+                seq.decode_row = i
+        return DecodeBatch(tokens, sources, positions, rows, self.kv.page_tables)
+
+    def decode_resolved(
+        self, seqs: list[Sequence], positions: list[int], tokens: list[int], now: float, on_token: OnToken
+    ) -> None:
+        """An overlapped decode step's tokens were read back: the KV of each row's position is
+        computed (pages that became full are committed), then `on_token(seq, token, now)` appends the
+        row's token. Rows of sequences finished meanwhile were wasted: their tokens are dropped. One
+        loop with the caller's append, because it runs for every generated token."""
+        kv = self.kv
+        ps, caching = kv.page_size, kv.prefix_caching
+        for seq, token, pos in zip(seqs, tokens, positions, strict=True):
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            seq.num_pending_tokens -= 1
+            if caching and (pos + 1) // ps > len(seq.page_hashes):
+                kv.commit(seq, pos + 1)  # a page became full
+            on_token(seq, token, now)
 
     def _chunk(self, seq: Sequence, num_tokens: int) -> SeqChunk:
         start = seq.num_computed_tokens
@@ -140,12 +193,12 @@ class Scheduler:
         return SeqChunk(
             token_ids=seq.token_ids[start:end],
             start_pos=start,
-            page_table=seq.page_table[: self.block_manager.pages_for(end)],
+            page_table=seq.page_table[: self.kv.pages_for(end)],
             needs_logits=end == seq.num_tokens,
         )
 
     def _schedule_prefill(self) -> ScheduledStep | None:
-        bm = self.block_manager
+        kv = self.kv
         budget = self.args.max_batched_tokens
         seqs: list[Sequence] = []
         chunks: list[SeqChunk] = []
@@ -160,16 +213,16 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
             seq = self.waiting[0]
-            hits, _ = bm.match_prefix(seq.token_ids)
-            remaining = seq.num_tokens - len(hits) * bm.page_size
+            hit = kv.lookup(seq.token_ids)
+            remaining = seq.num_tokens - hit.num_tokens
             # Without chunking a prompt runs whole; only a preempted sequence that grew past the
             # budget is split, as the one way it can ever run again.
             if remaining > budget and not self.args.chunked_prefill and seqs:
                 break
-            if not bm.can_allocate(seq):
+            if not kv.can_allocate(seq, hit):
                 break
             self.waiting.popleft()
-            bm.allocate(seq)
+            kv.allocate(seq, hit)
             seq.status = SeqStatus.RUNNING
             seq.in_prefill = True
             self.running.append(seq)
@@ -182,15 +235,15 @@ class Scheduler:
         return ScheduledStep(StepInput(is_prefill=True, seqs=chunks), seqs)
 
     def _schedule_decode(self) -> ScheduledStep | None:
-        bm = self.block_manager
+        kv = self.kv
         queue = deque(s for s in self.running if not s.in_prefill)
         scheduled: list[Sequence] = []
         while queue:
             seq = queue.popleft()
-            while not bm.can_append(seq) and queue:
+            while not kv.can_append(seq) and queue:
                 self._preempt(queue.pop())
-            if bm.can_append(seq):
-                bm.append(seq)
+            if kv.can_append(seq):
+                kv.append(seq)
                 scheduled.append(seq)
             elif any(s is not seq and s.page_table for s in self.running):
                 self._preempt(seq)
@@ -203,7 +256,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self.kv.free(seq)
         seq.status = SeqStatus.WAITING
         seq.in_prefill = False
         seq.num_preemptions += 1

@@ -27,6 +27,7 @@ def finish_reason(seq: Sequence, delta: str, eos_token_ids: list[int], max_model
             return "stop"
     if not sampling.ignore_eos and seq.token_ids[-1] in eos_token_ids:
         return "stop"
-    if seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= max_model_len:
+    n = len(seq.token_ids)  # not the properties: this runs for every generated token
+    if n - len(seq.prompt_token_ids) >= sampling.max_tokens or n >= max_model_len:
         return "length"
     return None

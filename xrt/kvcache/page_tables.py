@@ -1,5 +1,5 @@
-"""A numpy copy of every admitted sequence's page table, one row each, kept in step with the block
-manager: admission copies the table once, a decode step that opens a page writes one entry, and
+"""A numpy copy of every admitted sequence's page table, one row each, kept in step with the KV
+cache manager: admission copies the table once, a decode step that opens a page writes one entry, and
 freeing releases the row. A decode step then reads all its sequences' tables with one gather
 instead of a Python loop over every page of every sequence."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xrt.engine.sequence import Sequence
+from xrt.kvcache.interface import KVSeq
 
 
 class PageTables:
@@ -19,7 +19,7 @@ class PageTables:
     def num_rows_in_use(self) -> int:
         return self.table.shape[0] - len(self._free_rows)
 
-    def assign(self, seq: Sequence) -> None:
+    def assign(self, seq: KVSeq) -> None:
         """Give seq a row holding its current page table."""
         if seq.table_row < 0:
             if not self._free_rows:
@@ -28,13 +28,13 @@ class PageTables:
         self._fit(len(seq.page_table))
         self.table[seq.table_row, : len(seq.page_table)] = seq.page_table
 
-    def appended(self, seq: Sequence) -> None:
+    def appended(self, seq: KVSeq) -> None:
         """seq.page_table gained its last page."""
         k = len(seq.page_table) - 1
         self._fit(k + 1)
         self.table[seq.table_row, k] = seq.page_table[k]
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: KVSeq) -> None:
         if seq.table_row >= 0:
             self._free_rows.append(seq.table_row)
             seq.table_row = -1
