@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xrt.bench.figure import new_figure, save_figure, style_axes
 from xrt.bench.kernels.table import kernel_groups, shapes, summary
 from xrt.bench.results import Record
 
@@ -28,12 +29,9 @@ def write_kernels_plot(records: list[Record], path: Path) -> bool:
     groups = {k: v for k, v in kernel_groups(records).items() if speedups(v, "best") or speedups(v, "default")}
     if not groups:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 4.5 * len(groups)), squeeze=False)
+    fig, axes = new_figure(len(groups), 1, 9)
     for ((group, model, dtype, dev), rows), (ax,) in zip(groups.items(), axes, strict=True):
         colors = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)
         best = speedups(rows, "best")
@@ -43,16 +41,9 @@ def write_kernels_plot(records: list[Record], path: Path) -> bool:
             if label in default:
                 ax.plot(*default[label], "o-", color=color, label=f"{label}: xrt")
             if label in best:
-                ax.plot(*best[label], ":", color=color, label=f"{label}: best")
+                ax.plot(*best[label], "x:", color=color, label=f"{label}: best")
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("rows (tokens or batch)")
-        ax.set_ylabel("baseline time / time")
-        ax.set_title(f"{group}: {model}, {dtype}, {dev}", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        style_axes(ax, sorted({r["rows"] for r in rows}), "rows (tokens or batch)", "baseline time / time",
+                   f"{group}: {model}, {dtype}, {dev}", legend_size=7)
+    save_figure(fig, path)
     return True

@@ -71,10 +71,9 @@ def run_kernels(cfg: XrtConfig, progress: Progress) -> list[Record]:
         "config": config_dict(cfg),
     }
     records = []
-    with torch.inference_mode():
-        for m in measurements(cfg, dtype, device):
-            records.append({**base, **m.record()})
-            progress(progress_line(records[-1]))
+    for m in measurements(cfg, dtype, device):
+        records.append({**base, **m.record()})
+        progress(progress_line(records[-1]))
     return records
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xrt.bench.markdown import md_table
 from xrt.bench.results import Record
 
 GroupKey = tuple[str, str, str, str]  # group, model, dtype, device name
@@ -58,38 +59,36 @@ def _context(c: int | None) -> str:
     return "–" if c is None else str(c)
 
 
+SUMMARY = ["case", "rows", "context", "baseline", "baseline us", "xrt us", "best", "best us", "GB/s (best)",
+           "baseline / xrt", "baseline / best"]
+EVERY = ["case", "rows", "context", "implementation", "role", "us", "GB/s", "baseline / this", "note"]
+
+
 def group_table(key: GroupKey, rows: list[Record]) -> list[str]:
     group, model, dtype, dev = key
     head = rows[0]
-    lines = [
+    summary_rows, every_rows = [], []
+    for (case, n, ctx), rs in shapes(rows).items():
+        s = summary(rs)
+        base, default, best = s["baseline"], s["default"], s["best"]
+        summary_rows.append([case, n, _context(ctx), base["impl"] if base else "–", _us(base), _us(default),
+                             best["impl"] if best else "–", _us(best), _gbps(best), _ratio(base, default),
+                             _ratio(base, best)])
+        for r in rs:
+            note = r["note"] if r["status"] == "ok" else f"{r['status'].upper()}: {r['note']}"
+            ratio = _ratio(base, r) if r["us"] is not None else "–"
+            every_rows.append([case, n, _context(ctx), r["impl"], r["role"], _us(r), _gbps(r), ratio, note])
+    return [
         f"## Kernels: {group}, {model}, {dtype}, {dev}",
         "",
         f"torch {head['torch']}, triton {head.get('triton')}, flashinfer {head.get('flashinfer')}, commit "
         f"{head['git_commit']}; {head['timer']} median, us per call; copy bandwidth "
         f"{head.get('bandwidth_gbps') or 0:.0f} GB/s.",
         "",
-        "| case | rows | context | baseline | baseline us | xrt us | best | best us | GB/s (best) "
-        "| baseline / xrt | baseline / best |",
-        "|---|--:|--:|---|--:|--:|---|--:|--:|--:|--:|",
+        *md_table(SUMMARY, summary_rows, [c not in ("case", "baseline", "best") for c in SUMMARY]),
+        "",
+        *md_table(EVERY, every_rows, [c not in ("case", "implementation", "role", "note") for c in EVERY]),
     ]
-    for (case, n, ctx), rs in shapes(rows).items():
-        s = summary(rs)
-        base, default, best = s["baseline"], s["default"], s["best"]
-        lines.append(
-            f"| {case} | {n} | {_context(ctx)} | {base['impl'] if base else '–'} | {_us(base)} | {_us(default)} "
-            f"| {best['impl'] if best else '–'} | {_us(best)} | {_gbps(best)} | {_ratio(base, default)} "
-            f"| {_ratio(base, best)} |"
-        )
-    lines += ["", "| case | rows | context | implementation | role | us | GB/s | baseline / this | note |",
-              "|---|--:|--:|---|---|--:|--:|--:|---|"]
-    for (case, n, ctx), rs in shapes(rows).items():
-        base = summary(rs)["baseline"]
-        for r in rs:
-            note = r["note"] if r["status"] == "ok" else f"{r['status'].upper()}: {r['note']}"
-            ratio = _ratio(base, r) if r["us"] is not None else "–"
-            lines.append(f"| {case} | {n} | {_context(ctx)} | {r['impl']} | {r['role']} | {_us(r)} | {_gbps(r)} "
-                         f"| {ratio} | {note} |")
-    return lines
 
 
 NOTES = [
