@@ -29,10 +29,13 @@ def test_help_lists_the_profile_fields(capsys: pytest.CaptureFixture[str]) -> No
     assert "profile.mode" in out and "breakdown|step|host" in out and "profile.iters" in out
 
 
-def test_bad_mode_names_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_settings_name_the_field(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = _profile(capsys, "profile.mode=flame")
     assert rc == 2 and out == ""
     assert err.startswith("error: profile.mode:") and "flame" in err and "host" in err
+    rc, out, err = _profile(capsys, "profile.mode=host", "profile.batch=[]")
+    assert rc == 2 and out == ""
+    assert err.startswith("error: profile.batch: must list at least one batch size")
 
 
 @pytest.mark.skipif(not CPU, reason="on a CUDA machine the breakdown runs (tests/gpu)")

@@ -91,3 +91,6 @@ class ProfileArgs:
     iters: int = field(50, help="timed repetitions: decode graph replays, prefill or engine steps", validator=ge(1))
     warmup: int = field(3, help="untimed repetitions before timing", validator=ge(0))
     rows: int = field(20, help="rows of each per-kernel / per-op table (0: no tables)", validator=ge(0))
+
+    def check(self) -> Problems:
+        return [("batch", "must list at least one batch size, got []")] if not self.batch else []

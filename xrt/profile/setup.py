@@ -28,7 +28,8 @@ def profile_config(cfg: XrtConfig, extra_tokens: int) -> XrtConfig:
     try:
         return bench_config(c)
     except BenchError as e:
-        raise BenchError(str(e).replace("bench.input_len + bench.output_len", "profile.input_len")) from None
+        named = str(e).replace("bench.input_len + bench.output_len", f"profile.input_len + {extra_tokens} steps")
+        raise BenchError(named.replace("bench.batch", "profile.batch")) from None
 
 
 def require_cuda(cfg: XrtConfig) -> None:
