@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.figure import new_figure, save_figure, style_axes
 from xrt.bench.results import Record
 from xrt.bench.table import latency_groups
 
@@ -20,12 +21,7 @@ def write_plot(records: list[Record], path: Path) -> bool:
     groups = {k: v for k, v in latency_groups(records).items() if any(r["status"] == "ok" for r in v)}
     if not groups:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.5 * len(groups)), squeeze=False)
+    fig, axes = new_figure(len(groups), 2, 12)
     for (key, rows), (ax_tpot, ax_ttft) in zip(groups.items(), axes, strict=True):
         model, input_len, output_len, dtype, dev = key
         xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
@@ -44,18 +40,9 @@ def write_plot(records: list[Record], path: Path) -> bool:
                 floor = {r["batch"]: r for r in rows if r.get("floor_ms") is not None}
                 if floor:
                     ax.plot(*_series(list(floor.values()), "floor_ms"), "k-", lw=0.8, label="bandwidth floor")
-            ax.set_xscale("log", base=2)
-            ticks = sorted({r["batch"] for r in rows} | set(xb))
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-            ax.minorticks_off()
             ax.set_yscale("log")
-            ax.set_xlabel("batch")
-            ax.set_ylabel(f"{metric.upper()} ms")
-            ax.set_title(f"{metric.upper()}: {model}, in {input_len} / out {output_len}, {dtype}, {dev}", fontsize=9)
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            ticks = sorted({r["batch"] for r in rows} | set(xb))
+            title = f"{metric.upper()}: {model}, in {input_len} / out {output_len}, {dtype}, {dev}"
+            style_axes(ax, ticks, "batch", f"{metric.upper()} ms", title)
+    save_figure(fig, path)
     return True

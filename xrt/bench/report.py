@@ -1,4 +1,4 @@
-"""results.md and plot.png from every line of results.jsonl. Also a command, for results brought
+"""results.md, plot.png and kernels.png from every line of results.jsonl. Also a command, for results brought
 back from a machine without matplotlib: `python -m xrt.bench.report <out_dir>`."""
 
 from __future__ import annotations
@@ -6,27 +6,33 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from xrt.bench.results import PLOT, TABLE, read_records
+from xrt.bench.results import KERNELS_PLOT, PLOT, TABLE, read_records
 from xrt.bench.table import render_markdown
 
 
 def regenerate(out_dir: Path) -> list[str]:
-    """Writes the table and the plot; returns one line per file written or left out."""
+    """Writes the table and the plots; returns one line per file written or left out."""
     records = read_records(out_dir)
     (out_dir / TABLE).write_text(render_markdown(records))
     done = [f"wrote {out_dir / TABLE}"]
     try:
+        from xrt.bench.kernels.plot import write_kernels_plot
         from xrt.bench.plot import write_plot
 
-        plotted = write_plot(records, out_dir / PLOT)
+        plots = [(PLOT, write_plot), (KERNELS_PLOT, write_kernels_plot)]
+        plotted = [name for name, write in plots if write(records, out_dir / name)]
     except ImportError as e:
-        (out_dir / PLOT).unlink(missing_ok=True)
-        return [*done, f"{PLOT} left out: {e.name or 'matplotlib'} is not installed here; "
-                       f"run `python -m xrt.bench.report {out_dir}` where it is"]
-    if plotted:
-        return [*done, f"wrote {out_dir / PLOT}"]
-    (out_dir / PLOT).unlink(missing_ok=True)
-    return [*done, f"{PLOT} left out: no latency measurement to plot"]
+        plotted = []
+        reason = (f"{e.name or 'matplotlib'} is not installed here; "
+                  f"run `python -m xrt.bench.report {out_dir}` where it is")
+    else:
+        reason = "no latency or kernels measurement to plot"
+    for name in (PLOT, KERNELS_PLOT):
+        if name not in plotted:
+            (out_dir / name).unlink(missing_ok=True)
+    if not plotted:
+        return [*done, f"{PLOT} left out: {reason}"]
+    return [*done, *(f"wrote {out_dir / name}" for name in plotted)]
 
 
 def main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ Record = dict[str, Any]
 RESULTS = "results.jsonl"
 TABLE = "results.md"
 PLOT = "plot.png"
+KERNELS_PLOT = "kernels.png"
 
 
 def write_records(out_dir: Path, records: list[Record], fresh: bool) -> Path:

@@ -1,11 +1,13 @@
-"""results.md from the result lines: one latency table per (model, input, output, dtype, device)
-and a throughput table. Later lines for the same row replace earlier ones."""
+"""results.md from the result lines: one latency table per (model, input, output, dtype, device), a
+throughput table, and the kernels scenario's tables (xrt.bench.kernels.table). Later lines for the same
+row replace earlier ones."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.kernels.table import render_kernels
 from xrt.bench.results import Record
 
 LatencyKey = tuple[str, int, int, str, str]
@@ -127,10 +129,14 @@ NOTES = [
 
 def render_markdown(records: list[Record]) -> str:
     lines = ["# xrt bench", ""]
-    for key, rows in latency_groups(records).items():
+    latency = latency_groups(records)
+    for key, rows in latency.items():
         lines += _latency_table(key, rows) + [""]
     tput = throughput_rows(records)
     if tput:
         lines += _throughput_table(tput) + [""]
-    lines += NOTES
+    kernels = render_kernels(records)
+    lines += kernels
+    if latency or tput or not kernels:
+        lines += NOTES
     return "\n".join(lines) + "\n"

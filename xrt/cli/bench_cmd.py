@@ -1,5 +1,5 @@
-"""`python -m xrt bench`: run the configured scenario, append its lines to
-<bench.out_dir>/results.jsonl, and regenerate results.md and plot.png from every line there."""
+"""`python -m xrt bench`: run the configured scenario (latency, throughput, kernels), append its lines to
+<bench.out_dir>/results.jsonl, and regenerate results.md and the plots from every line there."""
 
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
             from xrt.bench.latency import run_latency
 
             records = run_latency(cfg, progress, earlier=read_records(out_dir) if job > 0 else None)
-        else:
+        elif cfg.bench.scenario is BenchScenario.THROUGHPUT:
             from xrt.bench.throughput import run_throughput
 
             records = run_throughput(cfg, progress)
+        else:
+            from xrt.bench.kernels.run import run_kernels
+
+            records = run_kernels(cfg, progress)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,13 +18,34 @@ class BenchPeer(enum.Enum):
 class BenchScenario(enum.Enum):
     LATENCY = "latency"
     THROUGHPUT = "throughput"
+    KERNELS = "kernels"
+
+
+class KernelGroup(enum.Enum):
+    """The comparisons of the kernels scenario."""
+
+    ELEMENTWISE = "elementwise"  # each Triton elementwise kernel against its torch reference
+    GEMV = "gemv"  # the skinny-GEMM candidates against F.linear (cuBLAS) at decode batches
+    DECODE_ATTENTION = "decode_attention"  # the split-KV Triton decode attention against FlashInfer
+    FLASHINFER = "flashinfer"  # FlashInfer decode through the CUDA-graph wrappers: tensor cores x split-KV
+
+
+class ProfileMode(enum.Enum):
+    BREAKDOWN = "breakdown"
+    STEP = "step"
+    HOST = "host"
 
 
 @attrs.define
 class BenchArgs:
-    scenario: BenchScenario = field(BenchScenario.LATENCY, help="latency: TTFT/TPOT per batch; throughput: offline")
+    scenario: BenchScenario = field(
+        BenchScenario.LATENCY,
+        help="latency: TTFT/TPOT per batch; throughput: offline; kernels: each kernel against its reference (CUDA)",
+    )
     batch: list[int] = field(
-        factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100], help="batch sizes measured", validator=each(ge(1))
+        factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100],
+        help="batch sizes measured (kernels: the decode batches of gemv and attention)",
+        validator=each(ge(1)),
     )
     input_len: int = field(1024, help="prompt tokens per request", unit="tokens", validator=ge(1))
     output_len: int = field(256, help="generated tokens per request", unit="tokens", validator=ge(1))
@@ -34,6 +55,18 @@ class BenchArgs:
     num_requests: int = field(256, help="throughput scenario: requests submitted at once", validator=ge(1))
     min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))
     max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
+    kernels: list[KernelGroup] = field(
+        factory=lambda: list(KernelGroup),
+        help="kernels scenario: the comparisons run (elementwise, gemv, decode_attention, flashinfer)",
+    )
+    kernel_tokens: list[int] = field(
+        factory=lambda: [1, 8, 64, 512], help="kernels scenario: token counts of the elementwise kernels",
+        validator=each(ge(1)),
+    )
+    context_len: list[int] = field(
+        factory=lambda: [1024], help="kernels scenario: cached tokens per sequence of the decode-attention cases",
+        unit="tokens", validator=each(ge(1)),
+    )
     out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written")
 
     def check(self) -> Problems:
@@ -44,4 +77,20 @@ class BenchArgs:
 
 @attrs.define
 class ProfileArgs:
-    batch: list[int] = field(factory=lambda: [1], help="batch sizes profiled", validator=each(ge(1)))
+    mode: ProfileMode = field(
+        ProfileMode.BREAKDOWN,
+        help="breakdown: GPU time per kernel of a prefill and of back-to-back decode graph replays (CUDA); "
+        "step: host vs device time of prefill and decode steps and the top ops; "
+        "host: the engine's host cost per decode step against a stand-in runner (no model)",
+    )
+    batch: list[int] = field(factory=lambda: [1, 8, 100], help="batch sizes profiled", validator=each(ge(1)))
+    input_len: int = field(
+        1024, help="tokens per sequence: the prompt prefilled, then the decode context", unit="tokens",
+        validator=ge(1),
+    )
+    iters: int = field(50, help="timed repetitions: decode graph replays, prefill or engine steps", validator=ge(1))
+    warmup: int = field(3, help="untimed repetitions before timing", validator=ge(0))
+    rows: int = field(20, help="rows of each per-kernel / per-op table (0: no tables)", validator=ge(0))
+
+    def check(self) -> Problems:
+        return [("batch", "must list at least one batch size, got []")] if not self.batch else []

@@ -1,0 +1,56 @@
+"""The kernels scenario's GPU-only measuring code on CPU under TRITON_INTERPRET=1: its inputs, kernel calls and
+correctness checks, with a stand-in timer (one call, 1 us) and no device synchronization. Skipped without
+triton (CI) and on CUDA machines, where tests/gpu/test_bench_tools.py runs the scenario itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interpret_support import Interpreter
+
+INTERPRETER = Interpreter("test_bench_tools.py")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def fake_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from xrt.bench.kernels import timing
+
+    monkeypatch.setattr(timing, "time_us", lambda fn, graph=True, rep_ms=10: (fn(), 1.0)[1])
+    monkeypatch.setattr(timing, "COLD_BYTES", 1)  # two copies of every operand: the interpreter is slow
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+
+
+def _cfg(*overrides: str):  # noqa: ANN202
+    from xrt.config.compose import load_config
+
+    return load_config(["model=qwen3-tiny", *overrides], config_name="bench")
+
+
+@INTERPRETER.in_process
+def test_elementwise_kernels_pass_their_checks(fake_timer: None) -> None:
+    from xrt.bench.kernels import elementwise
+
+    ms = list(elementwise.run(_cfg("bench.kernel_tokens=[3]"), torch.float32, CPU))
+    assert len(ms) == 2 * 7
+    assert all(m.status == "ok" and m.us == 1.0 and m.timer == "do_bench" for m in ms), [m for m in ms if m.note]
+    assert [m.role for m in ms[:2]] == ["baseline", "default"] and ms[1].impl == "triton"
+
+
+@INTERPRETER.in_process
+def test_decode_attention_as_the_backend_builds_it(fake_timer: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xrt.bench.kernels import attention
+
+    monkeypatch.setattr(attention, "_variants", lambda heads, kv_heads: {"st32": {"split_tokens": 32}})
+    cfg = _cfg("model.max_model_len=64")  # few split programs: each runs in Python here
+    p = attention.PagedProblem.make(cfg, 2, 40, torch.float32, CPU)
+    base, xrt, st32 = attention.decode_attention(cfg, p)
+    assert base.role == "baseline" and base.impl == "flashinfer"  # an error note where flashinfer is missing
+    assert (xrt.impl, xrt.role, xrt.status, xrt.note) == ("xrt", "default", "ok", "1 chunks per sequence")
+    assert (st32.status, st32.note) == ("ok", "2 chunks per sequence")
+    assert p.caches.shape[0] == 2 and xrt.us == 0.5 and xrt.nbytes == p.kv_bytes
+
+
+@INTERPRETER.subprocess_only
+def test_in_subprocess() -> None:
+    INTERPRETER.rerun(__file__)
