@@ -40,7 +40,6 @@ SOURCES = {
 # Fields whose reader lands with another branch of the same issue; each must lose its entry once read.
 PENDING = {
     "executor.staging_loop_max_rows": "read by the decode staging in xrt/executor (helper exec's branch)",
-    "profile.batch": "read by xrt/cli/profile_cmd.py (helper profile's branch)",
 }
 
 
