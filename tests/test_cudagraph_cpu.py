@@ -91,8 +91,10 @@ def test_stage_decode_full_bucket_has_no_padding() -> None:
 
 def test_stage_decode_rejects_bad_rows() -> None:
     st = junk_staging(4, 2)
-    with pytest.raises(ValueError, match=r"row 0: position 4 needs 2 KV pages, its page table has 1"):
-        stage_decode(st, decode_batch(StepInput(False, [SeqChunk([1], 4, [0])])), 4, 4, 8)
+    for loop_max_rows in (8, 0):  # the per-row loop, the whole-array ops
+        with pytest.raises(ValueError, match=r"row 1: position 4 needs 2 KV pages, its page table has 1"):
+            step = StepInput(False, [SeqChunk([1], 0, [3]), SeqChunk([1], 4, [0])])
+            stage_decode(st, decode_batch(step), 4, 4, loop_max_rows)
     with pytest.raises(ValueError, match=r"position 8 needs 3 KV pages per sequence; the staging buffers hold 2"):
         stage_decode(st, decode_batch(StepInput(False, [SeqChunk([1], 8, [0, 1, 2])])), 4, 4, 8)
     with pytest.raises(ValueError, match="2 sequences do not fit bucket 1"):

@@ -107,11 +107,16 @@ class DecodeGraphs:
             f"{took.seconds:.1f} s using {took.bytes / GiB:.3f} GiB"
         )
 
-    def _replay(self, batch: DecodeBatch, bucket: int) -> DecodeGraph:
+    def stage(self, batch: DecodeBatch, bucket: int) -> DecodeGraph:
+        """Stage the batch padded to `bucket`, upload it and prepare the attention: the bucket's graph is
+        ready to replay (scripts replay it again and again to time it)."""
         st = self.inputs.wait_writable()
         num_indices = stage_decode(st, batch, bucket, self.parts.page_size, self.loop_max_rows)
         self._prepare(bucket, num_indices)
-        entry = self.graphs[bucket]
+        return self.graphs[bucket]
+
+    def _replay(self, batch: DecodeBatch, bucket: int) -> DecodeGraph:
+        entry = self.stage(batch, bucket)
         entry.graph.replay()
         return entry
 

@@ -9,6 +9,7 @@ executor)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,20 +49,20 @@ class DecodeStaging:
 def decode_batch(step: StepInput) -> DecodeBatch:
     """A decode StepInput as a DecodeBatch: every token from the host, each chunk's page table its own row."""
     seqs = step.seqs
-    for i, chunk in enumerate(seqs):
-        if len(chunk.token_ids) != 1:
-            raise ValueError(f"step.seqs[{i}]: a decode chunk carries exactly one token, got {len(chunk.token_ids)}")
+    try:
+        token_ids = [t for (t,) in (c.token_ids for c in seqs)]  # exactly one token each, or ValueError
+    except ValueError:
+        i, bad = next((i, len(c.token_ids)) for i, c in enumerate(seqs) if len(c.token_ids) != 1)
+        raise ValueError(f"step.seqs[{i}]: a decode chunk carries exactly one token, got {bad}") from None
     n = len(seqs)
-    return DecodeBatch(
-        [c.token_ids[0] for c in seqs], [-1] * n, [c.start_pos for c in seqs], range(n), [c.page_table for c in seqs]
-    )
+    return DecodeBatch(token_ids, [-1] * n, [c.start_pos for c in seqs], range(n), [c.page_table for c in seqs])
 
 
 def stage_decode(st: DecodeStaging, batch: DecodeBatch, bucket: int, page_size: int, loop_max_rows: int) -> int:
     """Write rows [0, n) of `st` from the batch (row i feeds one token at positions[i], its pages row
-    table_rows[i] of page_tables) and make rows [n, bucket) padding. Up to loop_max_rows rows, or with page
-    tables that are not one array, a loop of a few numpy writes per row (cheaper than the vectorized ops'
-    fixed cost); above, no Python loop over rows or pages. Returns the number of page indices written."""
+    table_rows[i] of page_tables) and make rows [n, bucket) padding. Up to loop_max_rows rows (page tables
+    as lists: LIST_LOOP_FACTOR times that) a loop of a few numpy writes per row, cheaper than the
+    vectorized ops' fixed cost; above, whole-array ops. Returns the number of page indices written."""
     n, ps = len(batch), page_size
     if n > bucket:
         raise ValueError(f"{n} sequences do not fit bucket {bucket}")
@@ -71,30 +72,46 @@ def stage_decode(st: DecodeStaging, batch: DecodeBatch, bucket: int, page_size: 
         tables = batch.page_tables
         width = max(batch.positions) // ps + 1
         room = len(st.kv_indices) // st.rows.shape[1]  # max_pages_per_seq the buffers were made for
-        if isinstance(tables, np.ndarray):
+        array = isinstance(tables, np.ndarray)
+        if array:
             room = min(room, tables.shape[1])
         if width > room:
             raise ValueError(
                 f"position {max(batch.positions)} needs {width} KV pages per sequence; the staging buffers hold {room}"
             )
-        if n <= loop_max_rows or not isinstance(tables, np.ndarray):
+        if n <= (loop_max_rows if array else LIST_LOOP_FACTOR * loop_max_rows):
             total = _stage_loop(st, batch, tables, ps)
         else:
             total = _stage_vectorized(st, batch, tables, width, ps)
-    st.rows[:, n:bucket] = [[0], [0], [-1], [-1]]
-    st.kv_indptr[n + 1 : bucket + 1] = total
-    st.kv_last_page_len[n:bucket] = 1
+    if n < bucket:
+        st.rows[:, n:bucket] = PADDING_ROW
+        st.kv_indptr[n + 1 : bucket + 1] = total
+        st.kv_last_page_len[n:bucket] = 1
     return total
 
 
-def _stage_loop(st: DecodeStaging, batch: DecodeBatch, tables: Sequence[Sequence[int]], ps: int) -> int:
+# Page tables as lists (a StepInput's) are concatenated before the whole-array ops, which moves the
+# loop's break-even up: on a CPU test machine the loop was faster to ~30 rows, 1.6x slower at 100.
+LIST_LOOP_FACTOR = 4
+
+# A padding row: token 0 from the host (source -1), position 0, slot -1. An array: broadcasting it is
+# cheaper than converting a nested list every step.
+PADDING_ROW = np.array([[0], [0], [-1], [-1]], dtype=np.int64)
+
+
+def _short_table(i: int, pos: int, k: int, have: int) -> ValueError:
+    return ValueError(f"row {i}: position {pos} needs {k} KV pages, its page table has {have}")
+
+
+def _stage_loop(st: DecodeStaging, batch: DecodeBatch, tables: np.ndarray | Sequence[Sequence[int]], ps: int) -> int:
     total = 0
+    array = isinstance(tables, np.ndarray)  # rows as wide as the widest sequence: checked by the caller
     rows = zip(batch.token_ids, batch.sources, batch.positions, batch.table_rows, strict=True)
     for i, (token, source, pos, row) in enumerate(rows):
         k = pos // ps + 1
-        pages = tables[row][:k]
-        if len(pages) < k:
-            raise ValueError(f"row {i}: position {pos} needs {k} KV pages, its page table has {len(pages)}")
+        pages = tables[row, :k] if array else tables[row][:k]  # type: ignore[call-overload]
+        if not array and len(pages) < k:
+            raise _short_table(i, pos, k, len(pages))
         st.kv_indices[total : total + k] = pages
         total += k
         st.rows[:, i] = (token, pos, int(pages[-1]) * ps + pos % ps, source)
@@ -103,18 +120,30 @@ def _stage_loop(st: DecodeStaging, batch: DecodeBatch, tables: Sequence[Sequence
     return total
 
 
-def _stage_vectorized(st: DecodeStaging, batch: DecodeBatch, tables: np.ndarray, width: int, ps: int) -> int:
+def _stage_vectorized(
+    st: DecodeStaging, batch: DecodeBatch, tables: np.ndarray | Sequence[Sequence[int]], width: int, ps: int
+) -> int:
     n = len(batch)
     pos = np.asarray(batch.positions, dtype=np.int64)
     num_pages = pos // ps + 1
-    rows = tables[batch.table_rows, :width]  # [n, width]: one gather of every page table
-    st.rows[0, :n] = batch.token_ids
-    st.rows[1, :n] = pos
-    st.rows[2, :n] = rows[np.arange(n), num_pages - 1] * ps + pos % ps
-    st.rows[3, :n] = batch.sources
     np.cumsum(num_pages, out=st.kv_indptr[1 : n + 1])
     total = int(st.kv_indptr[n])
-    st.kv_indices[:total] = rows[np.arange(width) < num_pages[:, None]]
+    if isinstance(tables, np.ndarray):
+        rows = tables[batch.table_rows, :width]  # [n, width]: one gather of every page table
+        st.kv_indices[:total] = rows[np.arange(width) < num_pages[:, None]]
+    else:
+        counts = num_pages.tolist()
+        runs = (tables[r][:k] for r, k in zip(batch.table_rows, counts, strict=True))
+        pages = list(itertools.chain.from_iterable(runs))
+        if len(pages) != total:
+            i, r = next((i, r) for i, r in enumerate(batch.table_rows) if len(tables[r]) < counts[i])
+            raise _short_table(i, int(pos[i]), counts[i], len(tables[r]))
+        st.kv_indices[:total] = pages
+    st.rows[0, :n] = batch.token_ids
+    st.rows[1, :n] = pos
+    # A row's slot is in its last page: the last entry of its run of kv_indices.
+    st.rows[2, :n] = st.kv_indices[st.kv_indptr[1 : n + 1] - 1] * ps + pos % ps
+    st.rows[3, :n] = batch.sources
     st.kv_last_page_len[:n] = pos % ps + 1
     return total
 
@@ -122,7 +151,7 @@ def _stage_vectorized(st: DecodeStaging, batch: DecodeBatch, tables: np.ndarray,
 def stage_capture_rows(st: DecodeStaging, bucket: int) -> int:
     """Inputs for warm-up and capture: every row a one-token sequence on page 0 that writes nothing
     (slot -1). Returns the number of page indices written."""
-    st.rows[:, :bucket] = [[0], [0], [-1], [-1]]
+    st.rows[:, :bucket] = PADDING_ROW
     st.kv_indptr[: bucket + 1] = np.arange(bucket + 1)
     st.kv_last_page_len[:bucket] = 1
     st.kv_indices[:bucket] = 0
