@@ -8,22 +8,17 @@ generations with prefill graphs must equal the eager runner's, and steps that do
 
 from __future__ import annotations
 
-import contextlib
 import random
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
 
-import xrt.executor.cudagraph as cudagraph_mod
-import xrt.executor.prefill_graph as prefill_mod
-import xrt.executor.runner as runner_mod
-from xrt.attention.flashinfer import FlashInferBackend, GraphDecodeBuffers, GraphPrefillBuffers
-from xrt.attention.metadata import AttentionMetadata
-from xrt.attention.torch_ref import TorchRefBackend
+from xrt.attention.flashinfer import FlashInferBackend
 from xrt.config import (
     CacheArgs,
     Device,
@@ -36,18 +31,20 @@ from xrt.config import (
     SchedulerArgs,
     XrtConfig,
 )
-from xrt.executor.prefill_graph import (
+from xrt.executor.graphs.capture import RerunCapture
+from xrt.executor.graphs.prefill import prefill_reserve, static_bytes
+from xrt.executor.graphs.prefill_inputs import (
     PrefillShapes,
     default_token_buckets,
     padding_step,
     seq_buckets,
     stage_padding,
     stage_prefill,
-    static_bytes,
 )
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
-from xrt.ops import reference
+from xrt.kvcache.sizing import leave_reserve
+from xrt.units import GB
 
 # -- staging and shapes (no fakes) -------------------------------------------------------------------
 
@@ -149,7 +146,10 @@ def test_stage_padding_and_padding_step_agree() -> None:
 
 def test_static_bytes_counts_every_buffer() -> None:
     shapes = PrefillShapes((1, 2), (16, 32))
-    assert static_bytes(shapes, 100, 2) == 8 * (96 + 2) + 2 * 100 * 2 + 8 * 2 + 2 * 4 * 4 + (2 << 20)
+    fi = object.__new__(FlashInferBackend)
+    backend = fi.prefill_graph_bytes(shapes.max_seqs + 1)
+    assert backend == 2 * 4 * 4 + (2 << 20)  # qo and kv indptr of 3 entries, the integer workspace
+    assert static_bytes(shapes, 100, 2, backend) == 8 * (96 + 2) + 2 * 100 * 2 + 8 * 2 + 2 * 4 * 4 + (2 << 20)
 
 
 # -- FlashInferBackend's CUDA-graph prefill wrappers, over a recording stand-in for flashinfer -------
@@ -180,7 +180,7 @@ def recording_backend() -> FlashInferBackend:
     backend._fi = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=RecordingWrapper)
     backend.device = torch.device("cpu")
     backend.workspace = torch.empty(32 << 20, dtype=torch.uint8)
-    backend.num_heads, backend.num_kv_heads, backend.head_dim = 4, 2, 128
+    backend._heads = (4, 2, 128)
     backend.dtype = backend.kv_dtype = torch.bfloat16
     backend.scale = 128**-0.5
     backend.plans = 0
@@ -190,9 +190,9 @@ def recording_backend() -> FlashInferBackend:
 
 def test_graph_prefill_wrappers_share_buffers_and_replan_only_when_needed() -> None:
     backend = recording_backend()
-    backend.enable_graph_prefill([(3, 16), (3, 32), (5, 16)])
-    bufs = backend.graph_prefill_buffers
-    assert bufs is not None and bufs.qo_indptr.numel() == 6
+    qo_static = backend.init_prefill_graphs([(3, 16), (3, 32), (5, 16)])
+    bufs = backend._graph_prefill_buffers
+    assert bufs is not None and bufs.qo_indptr is qo_static and qo_static.numel() == 6
     wrappers = backend._graph_prefill
     for (entries, _), w in wrappers.items():
         assert w.kwargs["use_cuda_graph"] is True
@@ -200,171 +200,41 @@ def test_graph_prefill_wrappers_share_buffers_and_replan_only_when_needed() -> N
         assert w.kwargs["qo_indptr_buf"].data_ptr() == bufs.qo_indptr.data_ptr()
         assert w.int_workspace is bufs.int_workspace  # one integer workspace for all of them
     qo = torch.tensor([0, 5, 9, 16], dtype=torch.int32)
-    backend.plan_graph_prefill(qo)
-    backend.plan_graph_prefill(qo.clone())  # same plan: kept
+    backend.prepare_prefill_graph(qo)
+    backend.prepare_prefill_graph(qo.clone())  # same plan: kept
     assert wrappers[(3, 16)].plans == [[0, 5, 9, 16]] and backend._active_kind == "ragged"
-    backend.plan_graph_prefill(torch.tensor([0, 5, 9, 9, 9, 16], dtype=torch.int32))
-    backend.plan_graph_prefill(qo)  # another wrapper planned in between: the shared workspace changed
+    backend.prepare_prefill_graph(torch.tensor([0, 5, 9, 9, 9, 16], dtype=torch.int32))
+    backend.prepare_prefill_graph(qo)  # another wrapper planned in between: the shared workspace changed
     assert wrappers[(3, 16)].plans == [[0, 5, 9, 16]] * 2 and backend._active is wrappers[(3, 16)]
-    backend.plan_graph_prefill(torch.tensor([0, 1, 2, 16], dtype=torch.int32))
+    backend.prepare_prefill_graph(torch.tensor([0, 1, 2, 16], dtype=torch.int32))
     assert len(wrappers[(3, 16)].plans) == 3 and backend.plans == 4
     with pytest.raises(ValueError, match=r"no CUDA-graph prefill wrapper for 3 sequences and 64 tokens"):
-        backend.plan_graph_prefill(torch.tensor([0, 1, 2, 64], dtype=torch.int32))
+        backend.prepare_prefill_graph(torch.tensor([0, 1, 2, 64], dtype=torch.int32))
     RecordingWrapper.fail = "Buffer overflow when allocating memory for batch_prefill_tmp_v"
     try:
         with pytest.raises(ValueError, match=r"^executor.workspace_mb: 32 MiB is too small for a CUDA-graph prefill "
                                              r"of 32 tokens"):
-            backend.plan_graph_prefill(torch.tensor([0, 1, 2, 32], dtype=torch.int32))
+            backend.prepare_prefill_graph(torch.tensor([0, 1, 2, 32], dtype=torch.int32))
         RecordingWrapper.fail = "something else"
         with pytest.raises(RuntimeError, match="something else"):
-            backend.plan_graph_prefill(torch.tensor([0, 1, 3, 32], dtype=torch.int32))
+            backend.prepare_prefill_graph(torch.tensor([0, 1, 3, 32], dtype=torch.int32))
     finally:
         RecordingWrapper.fail = None
 
 
-# -- the simulated CUDA-graph runner ----------------------------------------------------------------
+# -- the graph runner on CPU: the real graph managers over the torch reference, "graphs" that re-run ----
 
 
-def ragged_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: list[int], scale: float
-) -> torch.Tensor:
-    """Each sequence attends causally over its own k/v (FlashInfer's ragged prefill)."""
-    out = torch.zeros_like(q)
-    group = q.shape[1] // k.shape[1]
-    for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True):
-        if a == b:
-            continue
-        qs = q[a:b].transpose(0, 1).float()
-        ks = k[a:b].repeat_interleave(group, dim=1).transpose(0, 1).float()
-        vs = v[a:b].repeat_interleave(group, dim=1).transpose(0, 1).float()
-        scores = qs @ ks.transpose(1, 2) * scale
-        mask = torch.ones(b - a, b - a, dtype=torch.bool).triu(1)
-        probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        out[a:b] = (probs @ vs).transpose(0, 1).to(q.dtype)
-    return out
+def graph_runner(cfg: XrtConfig) -> ModelRunner:
+    """The CUDA-graph runner's parts on CPU: decode and prefill graph managers over the torch reference
+    backend, whose replays re-run the captured function (reading only the static buffers)."""
+    return ModelRunner(cfg, capture=RerunCapture())
 
 
-class FakeFlashInfer(FlashInferBackend):
-    """FlashInferBackend's graph API over torch references. Graph replays read the static buffers
-    at replay time, as the captured kernels would."""
-
-    def __init__(self, page_size: int, device: torch.device) -> None:  # no super(): no flashinfer here
-        self.page_size = page_size
-        self.device = device
-        self.ref = TorchRefBackend()
-        self.graph_buffers: GraphDecodeBuffers | None = None
-        self.graph_prefill_buffers: GraphPrefillBuffers | None = None
-        self.mode = ""
-        self.prefill_key: tuple[int, int] | None = None
-        self.plans = 0
-
-    def plan(self, meta: AttentionMetadata) -> None:
-        self.ref.plan(meta)
-        self.mode = "eager"
-
-    def enable_graph_decode(self, batch_sizes: list[int], max_pages_per_seq: int) -> None:
-        self.graph_buffers = GraphDecodeBuffers(max(batch_sizes), max_pages_per_seq, self.device)
-        self.decode_sizes = set(batch_sizes)
-
-    def plan_graph_decode(self, kv_indptr_host: torch.Tensor, kv_indices: torch.Tensor, last: torch.Tensor) -> None:
-        b, bufs = last.numel(), self.graph_buffers
-        assert bufs is not None and b in self.decode_sizes
-        bufs.kv_indptr[: b + 1].copy_(kv_indptr_host)
-        bufs.kv_last_page_len[:b].copy_(last)
-        bufs.kv_indices[: kv_indices.numel()].copy_(kv_indices)
-        self.mode = "graph_decode"
-
-    def enable_graph_prefill(self, shapes: list[tuple[int, int]]) -> None:
-        self.graph_prefill_buffers = GraphPrefillBuffers(max(e for e, _ in shapes), self.device)
-        self.prefill_shapes = set(shapes)
-        self.rows_fixed: dict[tuple[int, int], int] = {}
-
-    def plan_graph_prefill(self, qo_indptr_host: torch.Tensor) -> None:
-        key = (qo_indptr_host.numel() - 1, int(qo_indptr_host[-1]))
-        assert key in self.prefill_shapes, key
-        qo = qo_indptr_host.tolist()
-        assert qo[0] == 0 and all(a <= b for a, b in zip(qo, qo[1:], strict=False))
-        # FlashInfer fixes a CUDA-graph wrapper's row count at its first plan.
-        assert self.rows_fixed.setdefault(key, qo[-1]) == qo[-1]
-        bufs = self.graph_prefill_buffers
-        assert bufs is not None
-        bufs.qo_indptr[: key[0] + 1].copy_(qo_indptr_host)
-        self.mode, self.prefill_key = "graph_prefill", key
-        self.plans += 1
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        layer_idx: int,
-        scale: float,
-        k: torch.Tensor | None = None,
-        v: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if self.mode == "eager":
-            return self.ref.forward(q, kv_cache, layer_idx, scale)
-        if self.mode == "graph_decode":
-            b, bufs = q.shape[0], self.graph_buffers
-            assert bufs is not None
-            rows = torch.arange(b + 1, dtype=torch.int32)
-            return reference.paged_attention(
-                q, kv_cache, rows, bufs.kv_indptr[: b + 1], bufs.kv_indices, bufs.kv_last_page_len[:b], scale
-            )
-        assert self.mode == "graph_prefill" and self.prefill_key is not None and k is not None and v is not None
-        entries, tokens = self.prefill_key
-        assert q.shape[0] == tokens, "the replayed graph is not the one just planned"
-        bufs = self.graph_prefill_buffers
-        assert bufs is not None
-        return ragged_causal_attention(q, k, v, bufs.qo_indptr[: entries + 1].tolist(), scale)
-
-
-class FakeGraph:
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-
-    def replay(self) -> None:
-        with torch.inference_mode():
-            self.fn()
-
-
-class FakeEvent:
-    def record(self, *args: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-def fake_capture_graph(fn: Callable[[], Any], pool: Any, stream: Any) -> tuple[FakeGraph, Any]:
-    return FakeGraph(fn), fn()
-
-
-def no_pin(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def make(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        return fn(*args, **kwargs)
-
-    return make
-
-
-@contextlib.contextmanager
-def simulated_cuda() -> Iterator[pytest.MonkeyPatch]:
-    stream = types.SimpleNamespace(wait_stream=lambda other: None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "is_available", lambda: True)
-        mp.setattr(torch.cuda, "Event", FakeEvent)
-        mp.setattr(torch.cuda, "Stream", lambda *a, **k: stream)
-        mp.setattr(torch.cuda, "current_stream", lambda *a: stream)
-        mp.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-        mp.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-        mp.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-        mp.setattr(torch.cuda, "mem_get_info", lambda *a: (0, 1))
-        mp.setattr(torch, "zeros", no_pin(torch.zeros))
-        mp.setattr(torch, "ones", no_pin(torch.ones))
-        mp.setattr(runner_mod, "resolve_device", lambda cfg: torch.device("cpu"))
-        mp.setattr(ModelRunner, "_make_backend", lambda self: FakeFlashInfer(self.page_size, self.device))
-        mp.setattr(cudagraph_mod, "capture_graph", fake_capture_graph)
-        mp.setattr(prefill_mod, "capture_graph", fake_capture_graph)
-        yield mp
+def engine_config(cfg: XrtConfig) -> XrtConfig:
+    """The engine checks executor.kind against the machine (cudagraph needs CUDA); it gets the runner built
+    from `cfg` and a config that says eager."""
+    return attrs.evolve(cfg, executor=attrs.evolve(cfg.executor, kind=ExecutorKind.EAGER))
 
 
 VOCAB = 512
@@ -384,7 +254,7 @@ def sim_config(kind: ExecutorKind, num_pages: int = 4096, **executor: Any) -> Xr
         prefill_graph_token_buckets=[32, 64, 128], prefill_graph_max_seqs=MAX_SEQS, **executor,
     )
     return XrtConfig(
-        model=model, device=Device.AUTO, executor=ex,
+        model=model, device=Device.CPU, executor=ex,
         cache=CacheArgs(page_size=4, num_pages=num_pages, prefix_caching=True),
         # Prompts over 128 tokens are chunked: the first chunk (start 0, no logits) fits a graph exactly.
         scheduler=SchedulerArgs(max_batched_tokens=MAX_TOKENS),
@@ -420,12 +290,12 @@ class Spy:
 def sim() -> Iterator[tuple[Any, Any, Spy]]:
     from xrt.engine.llm import LLM
 
-    with simulated_cuda():
-        eager = LLM(sim_config(ExecutorKind.EAGER))
-        graph = LLM(sim_config(ExecutorKind.CUDAGRAPH))
-        for llm in (eager, graph):
-            widen_weights(llm.engine.runner.model)
-        yield eager, graph, Spy(graph.engine.runner.prefill_graphs)
+    eager = LLM(sim_config(ExecutorKind.EAGER))
+    cfg = sim_config(ExecutorKind.CUDAGRAPH)
+    graph = LLM(engine_config(cfg), runner=graph_runner(cfg))
+    for llm in (eager, graph):
+        widen_weights(llm.engine.runner.model)
+    yield eager, graph, Spy(graph.engine.runner.prefill_graphs)
 
 
 def generations(llm: Any, prompts: list[list[int]], sampling: list[SamplingArgs]) -> list[tuple[list[int], str]]:
@@ -435,8 +305,10 @@ def generations(llm: Any, prompts: list[list[int]], sampling: list[SamplingArgs]
 def test_graphs_captured_for_every_shape(sim: tuple[Any, Any, Spy]) -> None:
     runner = sim[1].engine.runner
     assert sorted(runner.prefill_graphs.graphs) == sorted((s, t) for s in (1, 2, 4, 8) for t in (32, 64, 128))
-    assert sorted(runner.graphs) == [1, 2, 4, 8, 16]  # the decode graphs as before
-    assert sim[0].engine.runner.__class__ is ModelRunner
+    assert sorted(runner.decode_graphs.graphs) == [1, 2, 4, 8, 16]  # the decode graphs as before
+    assert runner.decode_capacity == 16
+    eager = sim[0].engine.runner
+    assert eager.decode_graphs is None and eager.prefill_graphs is None and eager.decode_capacity == 0
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 8, 9])
@@ -501,7 +373,7 @@ def test_replayed_logits_match_eager_on_the_same_runner(
 ) -> None:
     runner = sim[1].engine.runner
     step = random_prefill(lengths, random.Random(sum(lengths)), no_logits)
-    want = ModelRunner.execute(runner, step).clone()
+    want = runner.execute_eager(step).clone()
     graphs_before = len(sim[2].steps)
     got = runner.execute(step)
     assert sim[2].steps[graphs_before][1] is True
@@ -515,9 +387,10 @@ def test_padding_writes_no_kv(sim: tuple[Any, Any, Spy]) -> None:
     """A replay writes exactly its sequences' slots: the padding tokens (slot -1) write nothing."""
     runner = sim[1].engine.runner
     step = random_prefill([5, 6], random.Random(3), set())
-    runner.kv_cache.zero_()
+    kv = runner.kv_cache.tensor
+    kv.zero_()
     runner.execute(step)
-    written = runner.kv_cache[0].abs().sum(dim=(1, 3, 4)).flatten() != 0  # [pages * page_size] per slot
+    written = kv[0].abs().sum(dim=(1, 3, 4)).flatten() != 0  # [pages * page_size] per slot
     want = torch.zeros_like(written)
     for chunk in step.seqs:
         for pos in range(len(chunk.token_ids)):
@@ -526,16 +399,20 @@ def test_padding_writes_no_kv(sim: tuple[Any, Any, Spy]) -> None:
 
 
 def test_kv_cache_leaves_room_for_the_prefill_graphs() -> None:
+    """Sized from cache.kv_size_gb, the cache leaves the prefill graphs their static buffers (on CPU there
+    is no graph memory pool to measure); a reserve that leaves no page is a clear error."""
+    cfg = sim_config(ExecutorKind.CUDAGRAPH, num_pages=0)
+    cfg.cache.kv_size_gb = 0.01
+    runner = graph_runner(cfg)
+    shapes = PrefillShapes.from_args(cfg.executor)
+    per_page = runner.kv_layout.bytes_per_page
+    reserve = static_bytes(shapes, VOCAB, 4, runner.backend.prefill_graph_bytes(MAX_SEQS + 1))
+    assert runner.num_pages == int(0.01 * GB) // per_page - -(-reserve // per_page)
+    assert runner.kv_cache.tensor.shape[1] == runner.num_pages
     pool = 123_456
-    with simulated_cuda() as mp:
-        mp.setattr(cudagraph_mod, "graph_pool_bytes", lambda host, seqs, tokens: pool if (seqs, tokens) == (
-            MAX_SEQS, MAX_TOKENS) else 0)
-        cfg = sim_config(ExecutorKind.CUDAGRAPH, num_pages=0)
-        runner = cudagraph_mod.CudaGraphRunner(cfg)
-        base = ModelRunner._num_pages(runner)
-        shapes = PrefillShapes.from_args(cfg.executor)
-        reserve = pool + static_bytes(shapes, VOCAB, 4)
-        assert runner.num_pages == base - -(-reserve // runner.bytes_per_page)
-        mp.setattr(cudagraph_mod, "graph_pool_bytes", lambda host, seqs, tokens: 10**12)
-        with pytest.raises(ValueError, match=r"^executor.prefill_graph_max_tokens: prefill graphs of 128 tokens"):
-            cudagraph_mod.CudaGraphRunner(cfg)
+    got = prefill_reserve(shapes, pool, reserve)
+    assert got.bytes == pool + reserve
+    assert got.holder == "the prefill graphs (pool 0.00 GiB for 8 sequences x 128 tokens)"
+    assert leave_reserve(1000, per_page, got) == 1000 - -(-(pool + reserve) // per_page)
+    with pytest.raises(ValueError, match=r"^executor.prefill_graph_max_tokens: prefill graphs of 128 tokens"):
+        leave_reserve(1000, per_page, prefill_reserve(shapes, 10**12, reserve))

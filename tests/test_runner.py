@@ -10,6 +10,7 @@ import attrs
 import pytest
 import torch
 
+from xrt.attention.metadata import AttentionMetadata
 from xrt.attention.torch_ref import TorchRefBackend
 from xrt.config import CacheArgs, Device, DType, ExecutorArgs, ExecutorKind, LoadFormat, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
@@ -41,9 +42,10 @@ def test_build_metadata_ragged_batch() -> None:
     assert m.seq_lens.tolist() == [5, 9, 5]
     assert m.logits_indices.tolist() == [4, 8]
     assert m.has_prefix and m.is_prefill and m.num_seqs == 3 and m.num_tokens == 9 and m.page_size == 4
-    for dev, host in [(m.qo_indptr, m.qo_indptr_host), (m.kv_indptr, m.kv_indptr_host),
-                      (m.kv_indices, m.kv_indices_host), (m.kv_last_page_len, m.kv_last_page_len_host),
-                      (m.seq_lens, m.seq_lens_host)]:
+    h = m.host
+    assert h is not None
+    for dev, host in [(m.qo_indptr, h.qo_indptr), (m.kv_indptr, h.kv_indptr), (m.kv_indices, h.kv_indices),
+                      (m.kv_last_page_len, h.kv_last_page_len), (m.seq_lens, h.seq_lens)]:
         assert host.device.type == "cpu" and host.dtype == dev.dtype == torch.int32
         assert torch.equal(host, dev.cpu())
     assert ids.dtype == m.positions.dtype == m.slot_mapping.dtype == m.logits_indices.dtype == torch.int64
@@ -95,13 +97,14 @@ def test_runner_with_checkpoint(tiny_cfg: Callable[..., XrtConfig]) -> None:
     assert runner.checkpoint_dir is not None
     assert (runner.device.type, runner.dtype, runner.num_pages, runner.page_size, runner.max_model_len) == (
         "cpu", torch.float32, 32, 4, 1024)
-    assert runner.kv_cache.shape == (3, 32, 2, 4, 2, 16)
+    kv = runner.kv_cache.tensor
+    assert kv.shape == (3, 32, 2, 4, 2, 16) and runner.kv_cache.num_pages == 32
     for i, layer in enumerate(runner.attention_layers):
-        assert layer.kv_cache.data_ptr() == runner.kv_cache[i].data_ptr()
+        assert layer.kv_cache.data_ptr() == kv[i].data_ptr()
 
     out = runner.execute(StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2], 0, [5])]))
     assert out.dtype == torch.float32 and out.shape == (2, 2048) and torch.isfinite(out).all()
-    written = runner.kv_cache.abs().sum(dim=(0, 2, 4, 5)) != 0  # [page, offset]
+    written = kv.abs().sum(dim=(0, 2, 4, 5)) != 0  # [page, offset]
     expected = torch.zeros(32, 4, dtype=torch.bool)
     expected[9, :] = expected[3, :2] = expected[5, :2] = True
     assert torch.equal(written, expected)
@@ -120,7 +123,7 @@ def test_dummy_runner_is_seeded_and_sizes_kv_from_gb() -> None:
     a, b = ModelRunner(dummy_config(kv_size_gb=0.001)), ModelRunner(dummy_config(kv_size_gb=0.001))
     assert a.checkpoint_dir is None
     bytes_per_page = 3 * 2 * 4 * 2 * 16 * 4  # layers, K/V, page, kv heads, head dim, fp32
-    assert a.bytes_per_page == bytes_per_page and a.num_pages == math.floor(1e6 / bytes_per_page)
+    assert a.kv_layout.bytes_per_page == bytes_per_page and a.num_pages == math.floor(1e6 / bytes_per_page)
     step = StepInput(True, [SeqChunk([4, 5, 6], 0, [2])])
     assert torch.equal(a.execute(step), b.execute(step))
 
@@ -134,7 +137,7 @@ def test_bfloat16_runner_returns_float32_logits() -> None:
     cfg = dummy_config(num_pages=8)
     cfg.model.dtype = DType.BFLOAT16
     runner = ModelRunner(cfg)
-    assert runner.dtype == torch.bfloat16 and runner.kv_cache.dtype == torch.bfloat16
+    assert runner.dtype == torch.bfloat16 and runner.kv_cache.tensor.dtype == torch.bfloat16
     out = runner.execute(StepInput(True, [SeqChunk([4, 5, 6], 0, [2])]))
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
@@ -148,24 +151,22 @@ class RaggedRefBackend(TorchRefBackend):
         super().__init__()
         self.ragged_calls = 0
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        layer_idx: int,
-        scale: float,
-        k: torch.Tensor | None = None,
-        v: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        meta = self._meta
-        assert meta is not None and k is not None and v is not None
+    def plan(self, meta: AttentionMetadata) -> None:
+        super().plan(meta)
+        self.meta = meta
+
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
+                k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
+        meta = self.meta
+        assert k is not None and v is not None
         assert k.shape == v.shape == (q.shape[0], kv_cache.shape[3], kv_cache.shape[4])
         if not meta.is_prefill or meta.has_prefix:
             return super().forward(q, kv_cache, layer_idx, scale, k, v)
         self.ragged_calls += 1
         group = q.shape[1] // k.shape[1]
         out = torch.empty(q.shape, dtype=q.dtype)
-        bounds = meta.qo_indptr_host.tolist()
+        assert meta.host is not None
+        bounds = meta.host.qo_indptr.tolist()
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
             qi = q[start:end].float()
             ki = k[start:end].float().repeat_interleave(group, dim=1)
@@ -190,4 +191,4 @@ def test_layers_hand_the_backend_this_steps_k_and_v() -> None:
     for step in steps:
         torch.testing.assert_close(ragged.execute(step), ref.execute(step), rtol=1e-5, atol=1e-5)
     assert ragged.backend.ragged_calls == 3  # the first step, once per layer
-    assert torch.equal(ragged.kv_cache, ref.kv_cache)
+    assert torch.equal(ragged.kv_cache.tensor, ref.kv_cache.tensor)

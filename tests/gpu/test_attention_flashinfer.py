@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from xrt.attention.metadata import AttentionMetadata
+from xrt.attention.backend import AttentionShape
+from xrt.attention.metadata import AttentionMetadata, HostCSR
 from xrt.ops import reference
 
 pytest.importorskip("flashinfer")
@@ -60,21 +61,18 @@ def build_meta(
         kv_indices=host["idx"].to(device),
         kv_last_page_len=host["last"].to(device),
         seq_lens=host["lens"].to(device),
-        qo_indptr_host=host["qo"],
-        kv_indptr_host=host["kvp"],
-        kv_indices_host=host["idx"],
-        kv_last_page_len_host=host["last"],
-        seq_lens_host=host["lens"],
         logits_indices=(torch.tensor(qo[1:], dtype=torch.int64) - 1).to(device),
         has_prefix=any(prefix > 0 for prefix, _ in seqs),
         page_size=page_size,
+        host=HostCSR(host["qo"], host["kvp"], host["idx"], host["last"], host["lens"]),
     )
 
 
 def make_backend(heads: int, kv_heads: int, dtype: torch.dtype, device: torch.device, **kw: object) -> object:
     from xrt.attention.flashinfer import FlashInferBackend
 
-    return FlashInferBackend(heads, kv_heads, HEAD_DIM, PAGE_SIZE, dtype, device, workspace_mb=64, **kw)
+    shape = AttentionShape(heads, kv_heads, HEAD_DIM, PAGE_SIZE, dtype, device)
+    return FlashInferBackend(shape, workspace_mb=64, **kw)
 
 
 def random_inputs(
@@ -225,11 +223,12 @@ def padded_decode_plan(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Host plan inputs for `bucket` rows: the real sequences, then empty padding sequences
     (indptr repeated, last_page_len 1)."""
-    pad = bucket - meta.num_seqs
-    indptr = torch.cat([meta.kv_indptr_host, meta.kv_indptr_host[-1:].repeat(pad)])
-    last = torch.cat([meta.kv_last_page_len_host, torch.ones(pad, dtype=torch.int32)])
-    assert meta.kv_indices_host.numel() <= bucket * max_pages
-    return indptr, meta.kv_indices_host, last
+    pad, host = bucket - meta.num_seqs, meta.host
+    assert host is not None
+    indptr = torch.cat([host.kv_indptr, host.kv_indptr[-1:].repeat(pad)])
+    last = torch.cat([host.kv_last_page_len, torch.ones(pad, dtype=torch.int32)])
+    assert host.kv_indices.numel() <= bucket * max_pages
+    return indptr, host.kv_indices, last
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [HEADS[0], pytest.param(*HEADS[1], marks=pytest.mark.slow)])
@@ -238,14 +237,14 @@ def test_graph_decode_padded_and_replanned(device: torch.device, heads: int, kv_
     (padded) batches and lengths: the real rows must match the reference every time."""
     dtype, bucket, max_pages = torch.bfloat16, 8, 40
     backend = make_backend(heads, kv_heads, dtype, device)
-    backend.enable_graph_decode([4, bucket], max_pages)
+    backend.init_decode_graphs([4, bucket], max_pages)
     kv_cache = torch.randn(NUM_PAGES, 2, PAGE_SIZE, kv_heads, HEAD_DIM, device=device, dtype=dtype)
     q_static = torch.zeros(bucket, heads, HEAD_DIM, device=device, dtype=dtype)
 
     capture_meta = build_meta(
         [(0, 1)] * bucket, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(6), False
     )
-    backend.plan_graph_decode(*padded_decode_plan(capture_meta, bucket, max_pages))
+    backend.prepare_decode_graph(*padded_decode_plan(capture_meta, bucket, max_pages))
     backend.forward(q_static, kv_cache, 0, HEAD_DIM**-0.5)  # warm-up outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -258,12 +257,12 @@ def test_graph_decode_padded_and_replanned(device: torch.device, heads: int, kv_
         q, _ = random_inputs(meta, heads, kv_heads, dtype, device, seed=20 + i)
         q_static.zero_()
         q_static[: meta.num_seqs].copy_(q)
-        backend.plan_graph_decode(*padded_decode_plan(meta, bucket, max_pages))
+        backend.prepare_decode_graph(*padded_decode_plan(meta, bucket, max_pages))
         graph.replay()
         err = rel_err(out_static[: meta.num_seqs], ref_attention(q, kv_cache, meta))
         assert err < TOLERANCE, f"replay {i} ({seqs}): relative error {err:.3e}"
     with pytest.raises(ValueError, match="no CUDA-graph decode wrapper for batch 5"):
-        backend.plan_graph_decode(*padded_decode_plan(meta, 5, max_pages))
+        backend.prepare_decode_graph(*padded_decode_plan(meta, 5, max_pages))
 
 
 

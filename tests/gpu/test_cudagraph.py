@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from xrt.config import CacheArgs, DType, ExecutorArgs, ExecutorKind, LoadFormat, ModelArgs, SamplingArgs, XrtConfig
-from xrt.executor.step import SeqChunk, StepInput
+from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
 
 pytest.importorskip("flashinfer")
 
@@ -70,9 +70,9 @@ def generations(llm: object, prompts: list[list[int]], sampling: list[SamplingAr
 
 
 def test_graphs_captured_for_every_bucket(llms: tuple[object, object]) -> None:
-    runner = llms[1].engine.runner  # type: ignore[attr-defined]
-    assert sorted(runner.graphs) == list(runner.buckets.sizes)
-    assert runner.buckets.largest == 128
+    graphs = llms[1].engine.runner.decode_graphs  # type: ignore[attr-defined]
+    assert sorted(graphs.graphs) == list(graphs.buckets.sizes)
+    assert graphs.buckets.largest == 128
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -112,11 +112,9 @@ def random_decode_step(batch: int, rng: random.Random) -> StepInput:
 @pytest.mark.parametrize("batch", BATCHES)
 def test_replayed_decode_logits_bit_identical_to_eager(llms: tuple[object, object], batch: int) -> None:
     """Same runner, same KV cache: the graph replay and the eager path give the same float32 bits."""
-    from xrt.executor.runner import ModelRunner
-
     runner = llms[1].engine.runner  # type: ignore[attr-defined]
     step = random_decode_step(batch, random.Random(100 + batch))
-    eager = ModelRunner.execute(runner, step).clone()
+    eager = runner.execute_eager(step).clone()
     graph = runner.execute(step)
     assert graph.shape == eager.shape == (batch, 4096)
     diff = (graph - eager).abs().max().item()
@@ -126,13 +124,11 @@ def test_replayed_decode_logits_bit_identical_to_eager(llms: tuple[object, objec
 
 
 def test_decode_rows_without_logits_are_dropped(llms: tuple[object, object]) -> None:
-    from xrt.executor.runner import ModelRunner
-
     runner = llms[1].engine.runner  # type: ignore[attr-defined]
     step = random_decode_step(5, random.Random(9))
     seqs = [SeqChunk(c.token_ids, c.start_pos, c.page_table, needs_logits=i % 2 == 0) for i, c in enumerate(step.seqs)]
     step = StepInput(False, seqs)
-    eager = ModelRunner.execute(runner, step).clone()
+    eager = runner.execute_eager(step).clone()
     graph = runner.execute(step)
     assert graph.shape == (3, 4096)
     assert torch.equal(graph, eager)
@@ -145,11 +141,12 @@ def test_batches_above_the_largest_bucket_run_eager(llms: tuple[object, object])
     to graph launches once enough sequences have finished, and the tokens match eager throughout."""
     eager, graph = llms
     runner = graph.engine.runner  # type: ignore[attr-defined]
-    batch = runner.buckets.largest + 2
-    assert runner.decode_capacity == runner.buckets.largest < batch
+    largest = runner.decode_graphs.buckets.largest
+    batch = largest + 2
+    assert runner.decode_capacity == largest < batch
     prompts, sampling = workload(batch, seed=13)
     assert generations(graph, prompts, sampling) == generations(eager, prompts, sampling)
-    runner.execute(random_decode_step(runner.buckets.largest + 1, random.Random(1)))
+    runner.execute(random_decode_step(largest + 1, random.Random(1)))
     assert runner.last_argmax is None  # ran eager: no in-graph argmax
 
 
@@ -159,9 +156,9 @@ def test_engine_overlaps_decode_launches(llms: tuple[object, object], monkeypatc
     chained: list[bool] = []
     launch = runner.launch_decode
 
-    def counting(n: int, after: object) -> object:
+    def counting(batch: DecodeBatch, after: object) -> object:
         chained.append(after is not None)
-        return launch(n, after)
+        return launch(batch, after)
 
     monkeypatch.setattr(runner, "launch_decode", counting)
     prompts, sampling = workload(8, seed=21)
@@ -183,9 +180,6 @@ def test_sampled_and_greedy_requests_mixed_identical_to_eager(llms: tuple[object
 def test_launched_step_takes_its_tokens_from_the_previous_launch(llms: tuple[object, object]) -> None:
     """Two graph launches, the second reading its input tokens (in permuted rows) from the first's
     in-graph argmax, against two eager steps fed through the host."""
-    from xrt.executor.prepare import stage_decode_rows
-    from xrt.executor.runner import ModelRunner
-
     runner = llms[1].engine.runner  # type: ignore[attr-defined]
     rng = random.Random(5)
     batch = 5
@@ -201,18 +195,14 @@ def test_launched_step_takes_its_tokens_from_the_previous_launch(llms: tuple[obj
     def eager_step(ids: list[int], shift: int) -> list[int]:
         rows = zip(ids, positions, tables.tolist(), strict=True)
         seqs = [SeqChunk([t], p + shift, table) for t, p, table in rows]
-        return ModelRunner.execute(runner, StepInput(False, seqs)).argmax(dim=-1).tolist()
+        return runner.execute_eager(StepInput(False, seqs)).argmax(dim=-1).tolist()
 
     want1 = eager_step(tokens, 0)
     want2 = eager_step(want1, 1)
-    st = runner.decode_staging()
-    stage_decode_rows(st, PAGE_SIZE, tokens, [-1] * batch, positions, tables, list(range(batch)))
-    first = runner.launch_decode(batch, None)
+    first = runner.launch_decode(DecodeBatch(tokens, [-1] * batch, positions, list(range(batch)), tables), None)
     perm = [3, 0, 4, 1, 2]
-    st = runner.decode_staging()
-    stage_decode_rows(st, PAGE_SIZE, [0] * batch, perm, [positions[j] + 1 for j in perm], tables, perm)
-    second = runner.launch_decode(batch, first)
+    second = runner.launch_decode(DecodeBatch([0] * batch, perm, [positions[j] + 1 for j in perm], perm, tables), first)
     assert first.tokens() == want1
     assert second.tokens() == [want2[j] for j in perm]
     with pytest.raises(RuntimeError, match="not the previous forward pass"):
-        runner.launch_decode(batch, first)
+        runner.launch_decode(DecodeBatch([0], [0], [0], [0], tables), first)

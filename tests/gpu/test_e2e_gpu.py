@@ -151,7 +151,7 @@ def test_kv_cache_sized_from_memory_utilization(device: torch.device) -> None:
     util = min(0.95, (used + weights + 4 * 2**30) / total)
     cfg = XrtConfig(model=model, cache=CacheArgs(max_memory_utilization=util))
     runner = ModelRunner(cfg)
-    kv_bytes = runner.kv_cache.numel() * runner.kv_cache.element_size()
+    kv_bytes = runner.kv_cache.tensor.numel() * runner.kv_cache.tensor.element_size()
     assert runner.num_pages > 0
     assert kv_bytes <= util * total - used, "KV cache larger than the budget left after what was already in use"
     assert torch.cuda.memory_allocated(device) <= util * total
@@ -164,9 +164,9 @@ def test_kv_cache_sized_from_memory_utilization(device: torch.device) -> None:
 
 
 def test_fp32_cudagraph_is_refused_with_a_reason(device: torch.device, tiny_cfg: Callable[..., XrtConfig]) -> None:
-    from xrt.executor.cudagraph import CudaGraphRunner
+    from xrt.executor.runner import ModelRunner
 
     cfg = tiny_cfg(cache=CacheArgs(num_pages=64))
     cfg = attrs.evolve(cfg, device=Device.CUDA, executor=ExecutorArgs(kind=ExecutorKind.CUDAGRAPH))
     with pytest.raises(ValueError, match=r"^executor.kind: cudagraph needs FlashInfer attention \(.*\)"):
-        CudaGraphRunner(cfg)
+        ModelRunner(cfg)

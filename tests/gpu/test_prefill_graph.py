@@ -179,12 +179,10 @@ def fresh_prefill(lengths: list[int], rng: random.Random, no_logits: frozenset[i
 def test_replayed_logits_against_eager_on_the_same_runner(
     llms: tuple[Any, Any, Spy], lengths: list[int], no_logits: frozenset[int], exact: bool
 ) -> None:
-    from xrt.executor.runner import ModelRunner
-
     runner = llms[1].engine.runner
     spy = llms[2]
     step = fresh_prefill(lengths, random.Random(len(lengths) * 1000 + sum(lengths)), no_logits)
-    want = ModelRunner.execute(runner, step).clone()
+    want = runner.execute_eager(step).clone()
     before = len(spy.steps)
     got = runner.execute(step)
     assert spy.steps[before][1], "the step did not replay a graph"

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from xrt.attention.backend import AttentionShape
+from xrt.attention.graph_buffers import GraphDecodeBuffers
 from xrt.attention.metadata import AttentionMetadata
 
 KV_LAYOUT = "NHD"
@@ -53,16 +55,6 @@ def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     return num_heads // num_kv_heads >= 4
 
 
-class GraphDecodeBuffers:
-    """Device buffers the CUDA-graph decode wrappers read; one set sized for the largest bucket,
-    each bucket's wrapper gets leading slices (only one bucket replays at a time)."""
-
-    def __init__(self, max_batch: int, max_pages_per_seq: int, device: torch.device) -> None:
-        self.kv_indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
-        self.kv_indices = torch.zeros(max_batch * max_pages_per_seq, dtype=torch.int32, device=device)
-        self.kv_last_page_len = torch.ones(max_batch, dtype=torch.int32, device=device)
-
-
 class GraphPrefillBuffers:
     """Device buffers of the CUDA-graph ragged-prefill wrappers: qo/kv indptr sized for the most
     sequences (each wrapper takes leading slices) and one integer workspace, all shared (only one
@@ -75,42 +67,38 @@ class GraphPrefillBuffers:
 
 
 class FlashInferBackend:
-    """plan(meta) once per step from the *_host tensors, then forward(q, kv_cache, layer_idx, scale)
+    """plan(meta) once per step from meta.host, then forward(q, kv_cache, layer_idx, scale)
     per layer. All wrappers share one float workspace (they never run concurrently)."""
 
     def __init__(
         self,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
+        shape: AttentionShape,
         workspace_mb: int,
         kv_dtype: torch.dtype | None = None,
         ragged_prefill: bool = False,
         max_pages_per_seq: int = 0,
     ) -> None:
+        dtype, head_dim = shape.dtype, shape.head_dim
         reason = unsupported_reason(dtype, head_dim) or unsupported_reason(kv_dtype or dtype, head_dim)
         if reason:
             raise FlashInferUnavailable(reason)
-        if torch.device(device).type != "cuda":
-            raise ValueError(f"FlashInfer attention needs a CUDA device, got {device}")
+        if torch.device(shape.device).type != "cuda":
+            raise ValueError(f"FlashInfer attention needs a CUDA device, got {shape.device}")
         import flashinfer
 
         self._fi = flashinfer
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.page_size = page_size
+        self.shape = shape
+        # (heads, kv heads, head_dim): every plan passes them.
+        self._heads = (shape.num_heads, shape.num_kv_heads, head_dim)
+        self.page_size = shape.page_size
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype
-        self.device = torch.device(device)
+        self.device = torch.device(shape.device)
         self.scale = 1.0 / math.sqrt(head_dim)
         self.ragged_prefill = ragged_prefill
         # Programmatic dependent launch (Hopper+), decided once: FlashInfer would query the device on every run.
         self.enable_pdl = torch.cuda.get_device_capability(self.device)[0] >= 9
-        self.tensor_cores = use_tensor_cores(num_heads, num_kv_heads)
+        self.tensor_cores = use_tensor_cores(shape.num_heads, shape.num_kv_heads)
         # Zeroed: FlashInfer requires the float workspace be zero-initialised before its first use.
         self.workspace = torch.zeros(workspace_mb << 20, dtype=torch.uint8, device=self.device)
         fi = self._fi
@@ -122,9 +110,9 @@ class FlashInferBackend:
             fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, KV_LAYOUT) if ragged_prefill else None
         )
         self._graph_decode: dict[int, Any] = {}
-        self.graph_buffers: GraphDecodeBuffers | None = None
+        self._graph_decode_buffers: GraphDecodeBuffers | None = None
         self._graph_prefill: dict[tuple[int, int], Any] = {}
-        self.graph_prefill_buffers: GraphPrefillBuffers | None = None
+        self._graph_prefill_buffers: GraphPrefillBuffers | None = None
         # (wrapper key, qo_indptr) of the last CUDA-graph prefill plan: the wrappers share one integer
         # workspace, so a plan stays valid only until another of them plans.
         self._graph_prefill_plan: tuple[tuple[int, int], torch.Tensor] | None = None
@@ -146,8 +134,8 @@ class FlashInferBackend:
         from xrt.kernels.decode_attention import DecodeAttention
 
         return DecodeAttention(
-            SMALL_DECODE_MAX_BATCH, self.num_heads, self.num_kv_heads, self.head_dim, self.page_size,
-            max_pages_per_seq, self.device, SMALL_DECODE_SPLIT_TOKENS, max_splits=splits,
+            SMALL_DECODE_MAX_BATCH, *self._heads, self.page_size, max_pages_per_seq, self.device,
+            SMALL_DECODE_SPLIT_TOKENS, max_splits=splits,
         )
 
     def _uses_small_decode(self, batch: int) -> bool:
@@ -161,13 +149,17 @@ class FlashInferBackend:
     def plan(self, meta: AttentionMetadata) -> None:
         if meta.page_size != self.page_size:
             raise ValueError(f"metadata page_size {meta.page_size} != backend page_size {self.page_size}")
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, kv, d = self._heads
+        host = meta.host
+        if host is None:
+            raise ValueError("FlashInferBackend.plan: metadata without its host CSR (a CUDA graph's is prepared "
+                             "through prepare_decode_graph / prepare_prefill_graph)")
         if not meta.is_prefill and self._uses_small_decode(meta.num_seqs):
             self._small_meta = (meta.kv_indptr, meta.kv_indices, meta.kv_last_page_len)
             self._set_active(self.small_decode, "small_decode")
         elif not meta.is_prefill:
             self._decode.plan(
-                meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host, h, kv, d, self.page_size,
+                host.kv_indptr, meta.kv_indices, host.kv_last_page_len, h, kv, d, self.page_size,
                 **self._dtypes(),
             )
             self.plans += 1
@@ -175,7 +167,7 @@ class FlashInferBackend:
         elif self._ragged_prefill is not None and not meta.has_prefix:
             # No cached prefix: each sequence's KV is exactly this step's k/v, CSR as the queries. They come
             # from qkv in the activation dtype, whatever the cache's dtype.
-            qo = meta.qo_indptr_host
+            qo = host.qo_indptr
             if self._ragged_plan_qo is None or not torch.equal(self._ragged_plan_qo, qo):
                 self._ragged_prefill.plan(qo, qo, h, kv, d, causal=True, **self._dtypes(self.dtype))
                 self._ragged_plan_qo = qo.clone()
@@ -183,7 +175,7 @@ class FlashInferBackend:
             self._set_active(self._ragged_prefill, "ragged")
         else:
             self._paged_prefill.plan(
-                meta.qo_indptr_host, meta.kv_indptr_host, meta.kv_indices, meta.kv_last_page_len_host,
+                host.qo_indptr, host.kv_indptr, meta.kv_indices, host.kv_last_page_len,
                 h, kv, d, self.page_size, causal=True, **self._dtypes(),
             )
             self.plans += 1
@@ -193,12 +185,15 @@ class FlashInferBackend:
         self._active = wrapper
         self._active_kind = kind
 
-    # -- CUDA-graph decode ------------------------------------------------------------------------
+    # -- graph hooks: CUDA-graph decode ----------------------------------------------------------
 
-    def enable_graph_decode(self, batch_sizes: list[int], max_pages_per_seq: int) -> None:
+    def graph_requirement(self) -> str | None:
+        return None
+
+    def init_decode_graphs(self, batch_sizes: list[int], max_pages_per_seq: int) -> GraphDecodeBuffers:
         """Build one fixed-batch decode wrapper per bucket over shared static buffers."""
         bufs = GraphDecodeBuffers(max(batch_sizes), max_pages_per_seq, self.device)
-        self.graph_buffers = bufs
+        self._graph_decode_buffers = bufs
         self._graph_decode = {
             b: self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
@@ -211,40 +206,37 @@ class FlashInferBackend:
             )
             for b in batch_sizes
         }
+        return bufs
 
-    def plan_graph_decode(
+    def prepare_decode_graph(
         self, kv_indptr_host: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len_host: torch.Tensor
     ) -> None:
         """Plan the bucket wrapper of len(kv_last_page_len_host) sequences (padding rows included);
         must run outside graph capture, on the stream that replays. Copies the page table into the
         static buffers the captured kernels read."""
         batch = kv_last_page_len_host.numel()
-        bufs = self.graph_buffers
+        bufs = self._graph_decode_buffers
         if self._uses_small_decode(batch) and bufs is not None:
             # No FlashInfer plan: the kernel reads the page table straight from the static buffers.
-            bufs.kv_indptr[: batch + 1].copy_(kv_indptr_host, non_blocking=True)
-            bufs.kv_last_page_len[:batch].copy_(kv_last_page_len_host, non_blocking=True)
-            bufs.kv_indices[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
-            self._small_meta = (bufs.kv_indptr[: batch + 1], bufs.kv_indices, bufs.kv_last_page_len[:batch])
+            bufs.load(kv_indptr_host, kv_indices, kv_last_page_len_host)
+            self._small_meta = bufs.csr(batch)
             self._set_active(self.small_decode, "small_decode")
             return
         wrapper = self._graph_decode.get(batch)
         if wrapper is None:
             raise ValueError(f"no CUDA-graph decode wrapper for batch {batch}; buckets: {sorted(self._graph_decode)}")
         wrapper.plan(
-            kv_indptr_host, kv_indices, kv_last_page_len_host,
-            self.num_heads, self.num_kv_heads, self.head_dim, self.page_size, **self._dtypes(),
+            kv_indptr_host, kv_indices, kv_last_page_len_host, *self._heads, self.page_size, **self._dtypes()
         )
         self.plans += 1
         self._set_active(wrapper, "paged")
 
-    # -- CUDA-graph ragged prefill ----------------------------------------------------------------
+    # -- graph hooks: CUDA-graph ragged prefill --------------------------------------------------
 
-    def enable_graph_prefill(self, shapes: list[tuple[int, int]]) -> None:
+    def init_prefill_graphs(self, shapes: list[tuple[int, int]]) -> torch.Tensor:
         """One fixed-shape ragged-prefill wrapper per (entries, tokens): `entries` sequences (padding
         included) whose qo_indptr always ends at `tokens`, over shared static buffers."""
         bufs = GraphPrefillBuffers(max(e for e, _ in shapes), self.device)
-        self.graph_prefill_buffers = bufs
         self._graph_prefill = {}
         for entries, tokens in shapes:
             wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
@@ -256,9 +248,11 @@ class FlashInferBackend:
             )
             wrapper.reset_workspace_buffer(self.workspace, bufs.int_workspace)
             self._graph_prefill[(entries, tokens)] = wrapper
+        self._graph_prefill_buffers = bufs
         self._graph_prefill_plan = None
+        return bufs.qo_indptr
 
-    def plan_graph_prefill(self, qo_indptr_host: torch.Tensor) -> None:
+    def prepare_prefill_graph(self, qo_indptr_host: torch.Tensor) -> None:
         """Plan the wrapper of len(qo_indptr_host) - 1 entries and qo_indptr_host[-1] tokens; each
         sequence attends causally over its own k/v. Must run outside graph capture, on the stream
         that replays; copies qo_indptr into the static buffers the captured kernels read."""
@@ -271,7 +265,7 @@ class FlashInferBackend:
             )
         last = self._graph_prefill_plan
         if last is None or last[0] != key or not torch.equal(last[1], qo_indptr_host):
-            h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+            h, kv, d = self._heads
             try:
                 # The first plan of a CUDA-graph wrapper fixes its row count: always `tokens` rows here.
                 wrapper.plan(qo_indptr_host, qo_indptr_host, h, kv, d, causal=True, **self._dtypes(self.dtype))
@@ -287,17 +281,14 @@ class FlashInferBackend:
             self.plans += 1
         self._set_active(wrapper, "ragged")
 
+    def prefill_graph_bytes(self, max_entries: int) -> int:
+        """GraphPrefillBuffers: qo and kv indptr, and the integer workspace."""
+        return 2 * 4 * (max_entries + 1) + GRAPH_PREFILL_INT_WORKSPACE
+
     # -- forward ----------------------------------------------------------------------------------
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        layer_idx: int,
-        scale: float,
-        k: torch.Tensor | None = None,
-        v: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
+                k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
         kind = self._active_kind
         if not kind:
             raise RuntimeError("FlashInferBackend.forward called before plan()")

@@ -13,23 +13,32 @@ import torch
 
 
 @dataclass
+class HostCSR:
+    """CPU copies of a step's CSR, int32, for backends that plan on the host (FlashInfer)."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+@dataclass
 class AttentionMetadata:
     is_prefill: bool
     num_seqs: int
     num_tokens: int
     positions: torch.Tensor  # [num_tokens] int64, device
     slot_mapping: torch.Tensor  # [num_tokens] int64, device
-    # CSR over sequences, FlashInfer conventions; int32. *_host are CPU copies for planning.
+    # CSR over sequences, FlashInfer conventions; int32, on the device.
     qo_indptr: torch.Tensor  # [num_seqs + 1] new tokens per sequence
     kv_indptr: torch.Tensor  # [num_seqs + 1] pages per sequence
     kv_indices: torch.Tensor  # [kv_indptr[-1]] page ids
     kv_last_page_len: torch.Tensor  # [num_seqs] tokens in each sequence's last page (1..page_size)
     seq_lens: torch.Tensor  # [num_seqs] total KV length after this step (prefix + new)
-    qo_indptr_host: torch.Tensor
-    kv_indptr_host: torch.Tensor
-    kv_indices_host: torch.Tensor
-    kv_last_page_len_host: torch.Tensor
-    seq_lens_host: torch.Tensor
     logits_indices: torch.Tensor  # [num_logit_rows] int64: rows of the hidden states to project
     has_prefix: bool  # some sequence has KV before its first new token (cached prefix / earlier chunk)
     page_size: int
+    # The same CSR on the host for plan(); None in a CUDA graph's metadata, whose attention the graph
+    # manager prepares from its own staged inputs (AttentionBackend.prepare_decode_graph and the like).
+    host: HostCSR | None = None

@@ -1,25 +1,35 @@
-"""The eager model runner: builds the model on its device, loads weights (or dummy ones),
-allocates the paged KV cache, picks the attention backend, and runs one step at a time.
-The CUDA-graph runner subclasses it and reuses prepare / plan / forward_hidden / logits."""
+"""The model runner, one class for every executor kind: builds the model on its device, loads weights (or
+dummy ones), picks the attention backend, sizes and allocates the paged KV cache (`xrt.kvcache`), and runs
+one step at a time. With executor=cudagraph it then builds the graph managers beside it from explicit parts
+(`xrt.executor.graphs`: decode graphs, and prefill graphs with executor.prefill_graph) and replays them
+where a step fits; everything else runs eager."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
-import sys
 
 import torch
 
-from xrt.attention.backend import AttentionBackend
+from xrt.attention.backend import AttentionBackend, AttentionShape
 from xrt.attention.context import forward_context
 from xrt.attention.metadata import AttentionMetadata
-from xrt.attention.torch_ref import TorchRefBackend
-from xrt.config import ModelArgs, XrtConfig
+from xrt.attention.select import make_backend
+from xrt.config import Device, ExecutorKind, ModelArgs, XrtConfig
+from xrt.executor.buckets import Buckets
 from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.graphs.capture import CaptureStrategy, CudaGraphCapture
+from xrt.executor.graphs.decode import DecodeGraphs
+from xrt.executor.graphs.decode_inputs import PendingDecode
+from xrt.executor.graphs.parts import GraphParts
+from xrt.executor.graphs.prefill import PrefillGraphs, graph_pool_bytes, prefill_reserve, static_bytes
+from xrt.executor.graphs.prefill_inputs import PrefillShapes
 from xrt.executor.interface import PendingTokens
 from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.device import DeviceKVCache, KVLayout
+from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.models.loader import CheckpointError, iter_weights, read_hf_config
@@ -28,14 +38,18 @@ from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_cla
 from xrt.ops.parallel_state import init_tp
 from xrt.reflect import hf_values
 
-GB = 1e9
-
 
 class ModelRunner:
-    def __init__(self, cfg: XrtConfig) -> None:
+    """capture: how graphs are taken with executor=cudagraph; None takes CUDA graphs, which need a CUDA
+    device. The CPU tests pass `RerunCapture()` to run the graph managers on CPU."""
+
+    def __init__(self, cfg: XrtConfig, capture: CaptureStrategy | None = None) -> None:
+        graphs = cfg.executor.kind is ExecutorKind.CUDAGRAPH
+        if graphs and capture is None and (cfg.device is Device.CPU or not torch.cuda.is_available()):
+            raise ValueError("executor.kind: cudagraph needs a CUDA device")
         # torch.library custom ops import torch._dynamo (seconds) on their first call; pay that at
         # startup rather than in the first request's time to first token.
-        import torch._dynamo  # noqa: F401
+        importlib.import_module("torch._dynamo")
 
         self.cfg = cfg
         apply_options(cfg)
@@ -44,19 +58,36 @@ class ModelRunner:
         self.dtype = resolve_dtype(cfg, self.device)
         self.page_size = cfg.cache.page_size
         self.max_model_len = cfg.model.max_model_len
+        # A sequence may reach max_model_len + 1 KV slots (the token generated at the limit is written).
+        self.max_pages_per_seq = -(-(self.max_model_len + 1) // self.page_size)
         self.checkpoint_dir = resolve_checkpoint(cfg.model)
         self.model = self._build_model()
         self.vocab_size = cfg.model.vocab_size
-        # The eager runner computes no tokens on the device and launches no decode steps itself.
+        # Most sequences one launch_decode takes (greedy decode graphs with argmax inside); 0: none.
         self.decode_capacity = 0
         self.last_argmax: torch.Tensor | None = None
+        self.decode_graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
+        # Counts forward passes; a launch may take tokens from the previous one only.
+        self._num_passes = 0
         self.attention_layers = sorted(
             (m for m in self.model.modules() if isinstance(m, PagedAttention)), key=lambda m: m.layer_idx
         )
+        first = self.attention_layers[0]
+        shape = AttentionShape(first.num_heads, first.num_kv_heads, first.head_dim, self.page_size, self.dtype,
+                               self.device)
         # Before sizing: on CUDA the KV budget is measured by running a prefill, which needs the backend.
-        self.backend = self._make_backend()
-        self.num_pages = self._num_pages()
-        self.kv_cache = self._allocate_kv_cache()
+        self.backend: AttentionBackend = make_backend(shape, cfg.executor.workspace_mb, self.max_pages_per_seq)
+        requirement = self.backend.graph_requirement() if graphs else None
+        if requirement:
+            raise ValueError(f"executor.kind: cudagraph needs {requirement}; use executor=eager")
+        self.kv_layout = KVLayout.of(self.attention_layers, self.page_size, self.dtype)
+        prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
+        reserve = (lambda: self._prefill_reserve(prefill_shapes)) if prefill_shapes else None
+        self.num_pages = num_pages(cfg, self, reserve)
+        self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
+        if graphs:
+            self._build_graphs(capture or CudaGraphCapture(self.device), prefill_shapes)
 
     def _build_model(self) -> Qwen3ForCausalLM:
         arch = DEFAULT_ARCHITECTURE
@@ -71,62 +102,28 @@ class ModelRunner:
             model.load_weights(iter_weights(self.checkpoint_dir, self.dtype))
         return model.eval()
 
-    @property
-    def bytes_per_page(self) -> int:
-        first = self.attention_layers[0]
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        return len(self.attention_layers) * 2 * self.page_size * first.num_kv_heads * first.head_dim * elem
+    def _prefill_reserve(self, shapes: PrefillShapes) -> KVReserve:
+        head = self.model.lm_head
+        pool = graph_pool_bytes(self, shapes.max_seqs, shapes.max_tokens)
+        backend_bytes = self.backend.prefill_graph_bytes(shapes.max_seqs + 1)
+        return prefill_reserve(
+            shapes, pool, static_bytes(shapes, head.num_embeddings, head.weight.element_size(), backend_bytes)
+        )
 
-    def _num_pages(self) -> int:
-        cache = self.cfg.cache
-        if cache.num_pages:
-            return cache.num_pages
-        if self.device.type == "cuda" and importlib.util.find_spec("xrt.kvcache.sizing") is not None:
-            from xrt.kvcache.sizing import cuda_num_pages
+    def _build_graphs(self, capture: CaptureStrategy, prefill_shapes: PrefillShapes | None) -> None:
+        ex = self.cfg.executor
+        parts = GraphParts(self.model, self.backend, capture, self.device, self.page_size, ex.capture_sampling)
+        buckets = Buckets.from_args(ex)
+        self.decode_graphs = DecodeGraphs(parts, buckets, self.max_pages_per_seq, ex.staging_loop_max_rows)
+        self.decode_graphs.capture()
+        # The engine launches greedy decode steps itself (launch_decode) up to this many sequences.
+        self.decode_capacity = buckets.largest if ex.capture_sampling else 0
+        if prefill_shapes is not None:
+            # After the decode graphs, into the same memory pool.
+            self.prefill_graphs = PrefillGraphs(parts, prefill_shapes)
+            self.prefill_graphs.capture()
 
-            pages = cuda_num_pages(self.cfg, self, self.bytes_per_page)
-        else:
-            pages = math.floor(cache.kv_size_gb * GB / self.bytes_per_page)
-        if pages < 1:
-            raise ValueError(
-                f"cache.kv_size_gb: {cache.kv_size_gb} GB holds no {self.bytes_per_page}-byte KV page; "
-                f"raise it or set cache.num_pages"
-            )
-        return pages
-
-    def _allocate_kv_cache(self) -> torch.Tensor:
-        """One tensor [layers, num_pages, 2, page_size, kv_heads, head_dim]; layer i's attention
-        gets the view kv_cache[i] in the FlashInfer NHD layout."""
-        first = self.attention_layers[0]
-        shape = (len(self.attention_layers), self.num_pages, 2, self.page_size, first.num_kv_heads, first.head_dim)
-        kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        for layer in self.attention_layers:
-            layer.kv_cache = kv_cache[layer.layer_idx]
-        return kv_cache
-
-    def _make_backend(self) -> AttentionBackend:
-        if self.device.type != "cuda":
-            return TorchRefBackend()
-        first = self.attention_layers[0]
-        try:
-            from xrt.attention.flashinfer import FlashInferBackend
-
-            return FlashInferBackend(
-                first.num_heads,
-                first.num_kv_heads,
-                first.head_dim,
-                self.page_size,
-                self.dtype,
-                self.device,
-                self.cfg.executor.workspace_mb,
-                # A prefill without cached prefixes attends over this step's k/v, not the pages.
-                ragged_prefill=True,
-                # The longest sequence: max_model_len tokens plus the one generated at the limit.
-                max_pages_per_seq=-(-(self.max_model_len + 1) // self.page_size),
-            )
-        except ImportError as e:  # also FlashInferUnavailable: no flashinfer, or a dtype/head_dim it lacks
-            print(f"[xrt] attention: torch reference backend ({e})", file=sys.stderr, flush=True)
-            return TorchRefBackend()
+    # -- eager ------------------------------------------------------------------------------------
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, AttentionMetadata]:
         return build_metadata(step, self.page_size, self.device)
@@ -144,14 +141,44 @@ class ModelRunner:
         self.backend.plan(meta)
         return self.logits(self.forward_hidden(input_ids, meta), meta)
 
-    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
-        raise NotImplementedError("launch_decode: this runner has decode_capacity 0 (eager); call execute()")
-
-    def execute(self, step: StepInput) -> torch.Tensor:
-        """float32 logits [chunks with needs_logits, vocab], in chunk order."""
+    def execute_eager(self, step: StepInput) -> torch.Tensor:
+        """execute() without graphs: float32 logits of the chunks with needs_logits."""
         input_ids, meta = self.prepare(step)
         with torch.inference_mode():
             return self.run_model(input_ids, meta).float()
+
+    # -- the Runner contract ----------------------------------------------------------------------
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """float32 logits [chunks with needs_logits, vocab], in chunk order. After a replayed graph with
+        argmax, `last_argmax` holds the greedy token of each returned row (computed in the graph; a view
+        valid until the next forward pass), else None."""
+        self._num_passes += 1
+        graphs = self.prefill_graphs if step.is_prefill else self.decode_graphs
+        replayed = graphs.run(step) if graphs is not None else None
+        if replayed is not None:
+            logits, self.last_argmax = replayed
+            return logits
+        self.last_argmax = None
+        return self.execute_eager(step)
+
+    def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingDecode:
+        """Stage the batch into the pinned inputs, replay the decode graph for its n sequences and start
+        copying their greedy tokens back; returns at once. Sources r >= 0 read the tokens of `after`, which
+        must be the previous forward pass (they never left the device)."""
+        graphs = self.decode_graphs
+        if graphs is None or not self.decode_capacity:
+            raise NotImplementedError("launch_decode: this runner has decode_capacity 0; call execute()")
+        n = len(batch)
+        bucket = graphs.buckets.bucket_for(n)
+        if bucket is None:
+            raise ValueError(f"launch_decode: {n} sequences exceed the largest graph ({self.decode_capacity})")
+        if after is not None and getattr(after, "seq_no", None) != self._num_passes:
+            raise RuntimeError("launch_decode: `after` is not the previous forward pass; its tokens are gone")
+        pending = graphs.launch(batch, bucket, self._num_passes + 1)
+        self._num_passes += 1
+        self.last_argmax = None
+        return pending
 
 
 def check_matches_checkpoint(args: ModelArgs, hf_config: dict, path: str) -> None:

@@ -1,32 +1,72 @@
-"""KV-cache size on CUDA: the process may use cache.max_memory_utilization of the GPU's total
-memory; the KV cache gets what is left after the weights (and everything else already resident)
-and the peak activations of the largest prefill step, measured by running one."""
+"""How many KV pages the device cache gets. `cache.num_pages` when set; on CPU what `cache.kv_size_gb`
+holds; on CUDA the process may use cache.max_memory_utilization of the GPU's total memory and the KV cache
+gets what is left after the weights (and everything else already resident) and the peak activations of the
+largest prefill step, measured by running one. Then, either way, less what something built after the cache
+reserves (the prefill CUDA graphs' memory pool and buffers)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from xrt.config import XrtConfig
 from xrt.executor.step import SeqChunk, StepInput
+from xrt.kvcache.device import KVLayer, KVLayout, scratch_kv_cache
+from xrt.log import get_logger
+from xrt.units import GB, GiB
 
-GB = 1 << 30
+log = get_logger(__name__)
 
 
-class ScratchHost(Protocol):
+class ProfiledRunner(Protocol):
+    """What sizing needs of the runner: the model's attention layers and a step to run through it."""
+
     device: torch.device
-    dtype: torch.dtype
     page_size: int
-    attention_layers: list[torch.nn.Module]
-
-
-class ProfiledRunner(ScratchHost, Protocol):
     max_model_len: int
+    attention_layers: Sequence[KVLayer]
+    kv_layout: KVLayout
 
     def execute(self, step: StepInput) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class KVReserve:
+    """Device memory the KV cache leaves to something built after it.
+    holder: what gets it, for the log line; error: the message when it leaves no page."""
+
+    bytes: int
+    holder: str
+    error: str
+
+
+def num_pages(cfg: XrtConfig, runner: ProfiledRunner, reserve: Callable[[], KVReserve] | None = None) -> int:
+    cache = cfg.cache
+    if cache.num_pages:
+        return cache.num_pages
+    bytes_per_page = runner.kv_layout.bytes_per_page
+    if runner.device.type == "cuda":
+        pages = cuda_num_pages(cfg, runner, bytes_per_page)
+    else:
+        pages = math.floor(cache.kv_size_gb * GB / bytes_per_page)
+    if pages < 1:
+        raise ValueError(
+            f"cache.kv_size_gb: {cache.kv_size_gb} GB holds no {bytes_per_page}-byte KV page; "
+            f"raise it or set cache.num_pages"
+        )
+    return pages if reserve is None else leave_reserve(pages, bytes_per_page, reserve())
+
+
+def leave_reserve(pages: int, bytes_per_page: int, reserve: KVReserve) -> int:
+    cut = -(-reserve.bytes // bytes_per_page)
+    log.info(f"KV cache: {cut} of {pages} pages ({reserve.bytes / GiB:.2f} GiB) left to {reserve.holder}")
+    if pages - cut < 1:
+        raise ValueError(reserve.error)
+    return pages - cut
 
 
 def profile_step(max_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int) -> StepInput:
@@ -55,28 +95,19 @@ def peak_activation_bytes(cfg: XrtConfig, runner: ProfiledRunner) -> int:
     return peak_bytes_on_scratch_cache(runner, num_pages, lambda: runner.execute(step))
 
 
-def peak_bytes_on_scratch_cache(host: ScratchHost, num_pages: int, run: Callable[[], object]) -> int:
+def peak_bytes_on_scratch_cache(runner: ProfiledRunner, num_pages: int, run: Callable[[], object]) -> int:
     """Peak torch allocations of `run()` above the baseline, with every attention layer pointed at one
-    scratch KV cache of `num_pages` pages (values do not matter; the real cache is left untouched)."""
-    layers = host.attention_layers
-    first = layers[0]
-    scratch = torch.zeros(
-        num_pages, 2, host.page_size, first.num_kv_heads, first.head_dim, dtype=host.dtype, device=host.device
-    )
-    saved = [layer.kv_cache for layer in layers]
+    scratch KV cache of `num_pages` pages (the real cache, if any, is left untouched)."""
+    device = runner.device
     try:
-        for layer in layers:
-            layer.kv_cache = scratch
-        torch.cuda.synchronize(host.device)
-        torch.cuda.reset_peak_memory_stats(host.device)
-        base = torch.cuda.memory_allocated(host.device)
-        run()
-        torch.cuda.synchronize(host.device)
-        return torch.cuda.max_memory_allocated(host.device) - base
+        with scratch_kv_cache(runner.attention_layers, runner.kv_layout, num_pages, device):
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            run()
+            torch.cuda.synchronize(device)
+            return torch.cuda.max_memory_allocated(device) - base
     finally:
-        for layer, kv in zip(layers, saved, strict=True):
-            layer.kv_cache = kv
-        del scratch
         torch.cuda.empty_cache()
 
 
@@ -90,26 +121,22 @@ def device_used_bytes(device: torch.device) -> tuple[int, int]:
 
 def cuda_num_pages(cfg: XrtConfig, runner: ProfiledRunner, bytes_per_page: int) -> int:
     util = cfg.cache.max_memory_utilization
-    if not hasattr(runner, "backend"):
-        # The profiling step plans attention; the runner may size the cache before building its backend.
-        runner.backend = runner._make_backend()  # type: ignore[attr-defined]
     peak = peak_activation_bytes(cfg, runner)
     # Measured after the profile so memory it brought in for good (cuBLAS workspaces, JIT kernels) counts.
     used, total = device_used_bytes(runner.device)
     budget = int(total * util)
     kv_bytes = budget - used - peak
     pages = kv_bytes // bytes_per_page if kv_bytes > 0 else 0
-    print(
-        f"[xrt] KV cache: {util:.2f} x {total / GB:.1f} GiB = {budget / GB:.2f} GiB; in use after weights "
-        f"{used / GB:.2f} GiB; peak activations {peak / GB:.2f} GiB "
-        f"({cfg.scheduler.max_batched_tokens}-token prefill); KV {max(kv_bytes, 0) / GB:.2f} GiB = {pages} pages "
-        f"of {runner.page_size} tokens ({pages * runner.page_size} tokens, {bytes_per_page} B/page)",
-        flush=True,
+    log.info(
+        f"KV cache: {util:.2f} x {total / GiB:.1f} GiB = {budget / GiB:.2f} GiB; in use after weights "
+        f"{used / GiB:.2f} GiB; peak activations {peak / GiB:.2f} GiB "
+        f"({cfg.scheduler.max_batched_tokens}-token prefill); KV {max(kv_bytes, 0) / GiB:.2f} GiB = {pages} pages "
+        f"of {runner.page_size} tokens ({pages * runner.page_size} tokens, {bytes_per_page} B/page)"
     )
     if pages < 1:
         raise ValueError(
-            f"cache.max_memory_utilization: {util} of {total / GB:.1f} GiB leaves no room for the KV cache "
-            f"(in use {used / GB:.2f} GiB, peak activations {peak / GB:.2f} GiB); raise it, lower "
+            f"cache.max_memory_utilization: {util} of {total / GiB:.1f} GiB leaves no room for the KV cache "
+            f"(in use {used / GiB:.2f} GiB, peak activations {peak / GiB:.2f} GiB); raise it, lower "
             f"scheduler.max_batched_tokens, or set cache.num_pages"
         )
     return int(pages)
