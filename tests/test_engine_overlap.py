@@ -17,8 +17,8 @@ from xrt.engine.detokenizer import IncrementalDetokenizer
 from xrt.engine.engine import LLMEngine
 from xrt.engine.llm import LLM
 from xrt.engine.outputs import RequestOutput
+from xrt.executor.graphs.decode_inputs import DecodeStaging, stage_decode
 from xrt.executor.interface import Runner
-from xrt.executor.prepare import DecodeStaging, stage_decode_rows
 from xrt.executor.step import DecodeBatch, StepInput
 from xrt.kvcache.pool import page_hash
 
@@ -80,10 +80,7 @@ class AsyncFakeRunner:
         n = len(batch)
         assert 0 < n <= self.decode_capacity
         # Staged as the CUDA-graph runner stages it, into buffers full of junk.
-        stage_decode_rows(
-            self.decode_staging(), self.page_size, batch.token_ids, batch.sources, batch.positions,
-            batch.page_tables, batch.table_rows,
-        )
+        stage_decode(self.decode_staging(), batch, n, self.page_size, loop_max_rows=8)
         assert after is None or after.seq_no == self.passes, "sources must refer to the previous pass"
         self.passes += 1
         st, ps, kv = self.staging, self.page_size, self.base.kv

@@ -7,8 +7,7 @@ import numpy as np
 import torch
 
 from xrt.attention.metadata import AttentionMetadata, HostCSR
-from xrt.executor.graphs.decode_inputs import DecodeStaging, stage_decode
-from xrt.executor.step import DecodeBatch, StepInput
+from xrt.executor.step import StepInput
 
 
 def build_metadata(
@@ -84,13 +83,3 @@ def build_metadata(
 
 def _cat(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.concatenate(parts)] if parts else []
-
-
-# Kept for tests/test_engine_overlap.py and scripts/host_overhead.py until they stage through
-# xrt.executor.graphs.decode_inputs.stage_decode (a DecodeBatch, padded to a bucket) themselves.
-def stage_decode_rows(
-    st: DecodeStaging, page_size: int, token_ids: list[int], sources: list[int], positions: list[int],
-    page_tables: np.ndarray, table_rows: list[int],
-) -> int:
-    batch = DecodeBatch(token_ids, sources, positions, table_rows, page_tables)
-    return stage_decode(st, batch, len(batch), page_size, loop_max_rows=8)

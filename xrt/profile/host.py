@@ -65,9 +65,9 @@ class InstantLauncher(InstantRunner):
 
     decode_capacity = MAX_LAUNCH
 
-    def __init__(self, num_pages: int, page_size: int, max_model_len: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, max_model_len: int, loop_max_rows: int) -> None:
         super().__init__(num_pages, page_size, max_model_len)
-        self.staging = HostStaging(MAX_LAUNCH, -(-(max_model_len + 1) // page_size), page_size)
+        self.staging = HostStaging(MAX_LAUNCH, -(-(max_model_len + 1) // page_size), page_size, loop_max_rows)
         self.preset = [PresetTokens(list(range(n))) for n in range(MAX_LAUNCH + 1)]
 
     def launch_decode(self, batch: DecodeBatch, after: PresetTokens | None) -> PresetTokens:
@@ -84,7 +84,10 @@ def make_engine(cfg: XrtConfig, kind: str, batch: int, steps: int) -> tuple[LLME
     c.cache.prefix_caching, c.device = True, Device.CPU
     c.scheduler.max_num_seqs = max(c.scheduler.max_num_seqs, batch)
     c.scheduler.max_batched_tokens, c.scheduler.chunked_prefill = batch * context, True
-    runner = (InstantLauncher if kind == "launch" else InstantRunner)(c.cache.num_pages, page, c.model.max_model_len)
+    if kind == "launch":
+        runner = InstantLauncher(c.cache.num_pages, page, c.model.max_model_len, c.executor.staging_loop_max_rows)
+    else:
+        runner = InstantRunner(c.cache.num_pages, page, c.model.max_model_len)
     engine = LLMEngine(c, runner=runner)
     rng = random.Random(batch)
     sampling = SamplingArgs(max_tokens=steps + 32, ignore_eos=True)
@@ -128,7 +131,10 @@ def run_host(cfg: XrtConfig, emit: Emit) -> list[dict[str, object]]:
             stage = None
             if kind == "execute":
                 assert runner.last_decode is not None and len(runner.last_decode.seqs) == batch
-                stage = stage_decode_seconds(runner.last_decode, cfg.cache.page_size, engine.max_model_len, 200)
+                stage = stage_decode_seconds(
+                    runner.last_decode, cfg.cache.page_size, engine.max_model_len,
+                    cfg.executor.staging_loop_max_rows, reps=200,
+                )
             results.append({"runner": kind, "batch": batch, "step_median_us": statistics.median(times) * 1e6,
                             "step_min_us": min(times) * 1e6, "stage_decode_us": stage and stage * 1e6})
             if p.rows:

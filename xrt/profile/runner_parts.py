@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
-from xrt.executor.prepare import DecodeStaging, stage_decode_rows
+from xrt.executor.graphs.decode_inputs import DecodeStaging, decode_batch, stage_decode
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import DecodeBatch, StepInput
 
@@ -62,39 +61,33 @@ def num_layers(runner: ModelRunner) -> int:
 def decode_replay(runner: ModelRunner, step: StepInput) -> tuple[int, Callable[[], None]] | None:
     """(bucket, replay) for a decode step staged into the CUDA-graph runner's static inputs: replay() reruns
     the captured graph on them with no host work. None when the batch is above the largest graph."""
-    bucket = runner.buckets.bucket_for(len(step.seqs))  # type: ignore[attr-defined]
-    if bucket is None:
+    graphs = runner.decode_graphs
+    bucket = graphs.buckets.bucket_for(len(step.seqs)) if graphs is not None else None
+    if graphs is None or bucket is None:
         return None
-    runner._stage(step, bucket)  # type: ignore[attr-defined]
-    graph = runner.graphs[bucket].graph  # type: ignore[attr-defined]
+    graph = graphs.stage(decode_batch(step), bucket).graph
     return bucket, graph.replay
 
 
 class HostStaging:
     """The CUDA-graph runner's host staging of a launched decode step, without its upload and replay."""
 
-    def __init__(self, max_batch: int, max_pages_per_seq: int, page_size: int) -> None:
+    def __init__(self, max_batch: int, max_pages_per_seq: int, page_size: int, loop_max_rows: int) -> None:
         self.staging = DecodeStaging.zeros(max_batch, max_pages_per_seq)
         self.page_size = page_size
+        self.loop_max_rows = loop_max_rows
 
     def stage(self, batch: DecodeBatch) -> int:
-        return stage_decode_rows(self.staging, self.page_size, batch.token_ids, batch.sources, batch.positions,
-                                 batch.page_tables, batch.table_rows)
+        return stage_decode(self.staging, batch, len(batch), self.page_size, self.loop_max_rows)
 
 
-def stage_decode_seconds(step: StepInput, page_size: int, max_model_len: int, reps: int) -> float:
+def stage_decode_seconds(step: StepInput, page_size: int, max_model_len: int, loop_max_rows: int, reps: int) -> float:
     """Host time of staging a decode step given as SeqChunks (the CUDA-graph runner's execute() path)."""
-    from xrt.executor.cudagraph import stage_decode
-
     n = len(step.seqs)
-    max_pages = -(-(max_model_len + 1) // page_size)
-    tokens = np.zeros((3, n), dtype=np.int64)
-    indptr = np.zeros(n + 1, dtype=np.int32)
-    last = np.zeros(n, dtype=np.int32)
-    indices = np.zeros(n * max_pages, dtype=np.int32)
+    staging = DecodeStaging.zeros(n, -(-(max_model_len + 1) // page_size))
     t0 = time.perf_counter()
     for _ in range(reps):
-        stage_decode(step, n, page_size, max_pages, tokens, indptr, last, indices)
+        stage_decode(staging, decode_batch(step), n, page_size, loop_max_rows)
     return (time.perf_counter() - t0) / reps
 
 
