@@ -89,6 +89,7 @@ def test_cuda_impls_run_the_kernels_exactly_where_linear_runs_gemv(monkeypatch: 
     kernel for a 16-bit skinny batch, else the unfused kernels composed, bit for bit what the model runs
     unfused; importing the module only adds CUDA-key kernels, unused on CPU."""
     from xrt.ops import cuda_impls
+    from xrt.ops.registry import implementation
 
     f = checks.fused_module()
     used: list[str] = []
@@ -109,8 +110,8 @@ def test_cuda_impls_run_the_kernels_exactly_where_linear_runs_gemv(monkeypatch: 
         assert used == (["silu_and_mul_gemv", "add_rms_norm_gemv"] if fused else []), (M, used)
         used.clear()
         if not fused:
-            assert torch.equal(y, cuda_impls.linear(cuda_impls.silu_and_mul(gate_up), w))
-            cuda_impls.fused_add_rms_norm(x0, r0, nw, eps)
+            assert torch.equal(y, cuda_impls.linear(implementation("silu_and_mul", "cuda")(gate_up), w))
+            implementation("fused_add_rms_norm", "cuda")(x0, r0, nw, eps)
             assert torch.equal(qkv, cuda_impls.linear(x0, w)) and torch.equal(h, r0)
 
 

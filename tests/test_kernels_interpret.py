@@ -74,31 +74,38 @@ def test_empty_batch_is_a_no_op() -> None:
 @in_process
 def test_cuda_impls_forward_to_the_kernels() -> None:
     """The op implementations registered for CUDA, called directly on CPU tensors (interpreted kernels)."""
-    from xrt.ops import cuda_impls, reference
+    from xrt.ops import (
+        cuda_impls,  # noqa: F401  (registers them)
+        reference,
+    )
+    from xrt.ops.registry import implementation
+
+    def cuda(name: str):  # noqa: ANN202
+        return implementation(name, "cuda")
 
     gen, dtype, eps = torch.Generator().manual_seed(3), torch.float32, 1e-6
     x, res, w = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen), torch.randn(64, generator=gen)
-    checks.assert_close(cuda_impls.rms_norm(x, w, eps), reference.rms_norm(x, w, eps), dtype, "rms_norm")
+    checks.assert_close(cuda("rms_norm")(x, w, eps), reference.rms_norm(x, w, eps), dtype, "rms_norm")
     x2, res2 = x.clone(), res.clone()
-    cuda_impls.fused_add_rms_norm(x, res, w, eps)
+    cuda("fused_add_rms_norm")(x, res, w, eps)
     reference.fused_add_rms_norm(x2, res2, w, eps)
     checks.assert_close(x, x2, dtype, "fused_add_rms_norm")
     gu = torch.randn(3, 96, generator=gen)
-    checks.assert_close(cuda_impls.silu_and_mul(gu), reference.silu_and_mul(gu), dtype, "silu_and_mul")
+    checks.assert_close(cuda("silu_and_mul")(gu), reference.silu_and_mul(gu), dtype, "silu_and_mul")
     qkv = torch.randn(3, (4 + 2 * 2) * 16, generator=gen)
     q_w, k_w = torch.randn(16, generator=gen), torch.randn(16, generator=gen)
     cos_sin, pos = checks.rope_cache(32, 16), torch.tensor([0, 5, 31])
     cache, slots = torch.randn(2, 2, 4, 2, 16, generator=gen), torch.tensor([7, -1, 0])
     ref_qkv, ref_cache = qkv.clone(), cache.clone()
-    cuda_impls.qk_norm_rope_store_kv(qkv, q_w, k_w, cos_sin, pos, cache, slots, 4, 2, 16, eps)
+    cuda("qk_norm_rope_store_kv")(qkv, q_w, k_w, cos_sin, pos, cache, slots, 4, 2, 16, eps)
     reference.qk_norm_rope_store_kv(ref_qkv, q_w, k_w, cos_sin, pos, ref_cache, slots, 4, 2, 16, eps)
     checks.assert_close(qkv, ref_qkv, dtype, "qk_norm_rope_store_kv qkv")
     checks.assert_close(cache, ref_cache, dtype, "qk_norm_rope_store_kv cache")
-    cuda_impls.qk_norm_rope(qkv, q_w, k_w, cos_sin, pos, 4, 2, 16, eps)
+    cuda("qk_norm_rope")(qkv, q_w, k_w, cos_sin, pos, 4, 2, 16, eps)
     reference.qk_norm_rope(ref_qkv, q_w, k_w, cos_sin, pos, 4, 2, 16, eps)
     checks.assert_close(qkv, ref_qkv, dtype, "qk_norm_rope")
     k, v = qkv[:, 64:96].view(3, 2, 16), qkv[:, 96:].view(3, 2, 16)
-    cuda_impls.store_kv(k, v, cache, slots)
+    cuda("store_kv")(k, v, cache, slots)
     reference.store_kv(k, v, ref_cache, slots)
     assert torch.equal(cache, ref_cache)
 
@@ -106,7 +113,8 @@ def test_cuda_impls_forward_to_the_kernels() -> None:
 def test_every_op_with_a_kernel_is_registered_for_cuda() -> None:
     from xrt.ops import cuda_impls
 
-    for name in cuda_impls.IMPLS:
+    names = [*cuda_impls.KERNELS, "linear", "silu_and_mul_linear", "add_rms_norm_linear"]
+    for name in names:
         assert hasattr(torch.ops.xrt, name), f"xrt::{name} is not defined in xrt.ops"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"xrt::{name}", "CUDA"), f"xrt::{name}: no CUDA kernel"
 

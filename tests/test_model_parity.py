@@ -11,6 +11,7 @@ import random
 import attrs
 import pytest
 import torch
+from op_log import XrtOpLog
 from safetensors.torch import load_file
 
 from xrt.config import CacheArgs, Device, ModelArgs, XrtConfig
@@ -23,6 +24,7 @@ from xrt.ops.parallel_state import set_tp
 from xrt.reflect import from_hf
 
 transformers = pytest.importorskip("transformers")
+
 
 PAGE_SIZE = 4
 REL_TOL = 1e-4
@@ -151,14 +153,11 @@ def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
     on CPU they are the reference composition): logits bit-identical to the unfused ops, HF's logits, and the
     fused ops called in the decode steps only (the prefill has more rows than a skinny GEMM takes)."""
     import xrt.layers.linear as linear_layers
-    import xrt.layers.norm as norm_layers
 
     path, hf = checkpoint
     runner = make_runner(path)
-    calls: list[str] = []
-    for module, name in ((norm_layers, "add_rms_norm_linear"), (linear_layers, "silu_and_mul_linear")):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    log = XrtOpLog()
+    fused_ops = ("add_rms_norm_linear", "silu_and_mul_linear")
     monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w: True)
     # The switch as a config sets it (executor.fuse_prologues), the module's value restored afterwards.
     monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", linear_layers.FUSE_PROLOGUES)
@@ -170,21 +169,26 @@ def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
     pool = PagePool(runner.num_pages, seed=5)
     tables = [pool.take(len(p) + 4) for p in prompts]
     seqs = [list(p) for p in prompts]
-    rows = [runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))]
-    assert calls == []
+    with log:
+        rows = [runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))]
+    assert not set(log.calls) & set(fused_ops)
     for _ in range(3):
         for s, logits in zip(seqs, rows[-1], strict=True):
             s.append(int(logits.argmax()))
         step = StepInput(False, [SeqChunk([s[-1]], len(s) - 1, t) for s, t in zip(seqs, tables, strict=True)])
         apply_options(unfused_cfg)
-        unfused = runner.execute(step)
-        assert calls == []
+        log.calls.clear()
+        with log:
+            unfused = runner.execute(step)
+        assert not set(log.calls) & set(fused_ops)
         apply_options(fused_cfg)
-        rows.append(runner.execute(step))
+        log.calls.clear()
+        with log:
+            rows.append(runner.execute(step))
         assert torch.equal(rows[-1], unfused)
         layers = runner.model.args.num_hidden_layers
-        assert calls.count("add_rms_norm_linear") == 2 * layers - 1 and calls.count("silu_and_mul_linear") == layers
-        calls.clear()
+        assert log.calls.count("add_rms_norm_linear") == 2 * layers - 1
+        assert log.calls.count("silu_and_mul_linear") == layers
     for i, (prompt, seq) in enumerate(zip(prompts, seqs, strict=True)):
         ref = hf_logits(hf, seq)
         for j, step_logits in enumerate(rows):
@@ -200,8 +204,7 @@ def test_fused_prologues_at_tp2_give_each_rank_its_share(monkeypatch: pytest.Mon
     from xrt.layers.mlp import GatedMLP
     from xrt.layers.norm import RMSNorm
 
-    reduced: list[torch.Tensor] = []
-    monkeypatch.setattr(linear_layers, "all_reduce_", reduced.append)
+    log = XrtOpLog(skip=("all_reduce_",))
     gen = torch.Generator().manual_seed(0)
     x, residual = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
     norm = RMSNorm(16, 1e-6, torch.float32, "cpu")
@@ -227,9 +230,11 @@ def test_fused_prologues_at_tp2_give_each_rank_its_share(monkeypatch: pytest.Mon
                 for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
                     mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
                 mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
-                parts.append(mlp_r(x))
+                with log:
+                    parts.append(mlp_r(x))
         finally:
             set_tp(0, 1)
+        reduced = log.skipped
         assert len(reduced) == 2 and all(r is p for r, p in zip(reduced, parts, strict=True)), fused
         reduced.clear()
         torch.testing.assert_close(parts[0] + parts[1], want_mlp, rtol=1e-5, atol=1e-5)

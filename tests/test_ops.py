@@ -10,17 +10,15 @@ import torch
 
 import xrt.ops  # noqa: F401  (registers the ops)
 from xrt.ops import reference
-from xrt.ops.attention import paged_attention, qk_norm_rope_store_kv, store_kv
-from xrt.ops.collectives import all_gather, all_reduce_
-from xrt.ops.compute import (
-    add_rms_norm_linear,
-    fused_add_rms_norm,
-    qk_norm_rope,
-    rms_norm,
-    silu_and_mul,
-    silu_and_mul_linear,
-    uses_skinny_gemm,
-)
+from xrt.ops.gemm_routing import uses_skinny_gemm
+
+# The ops as callers reach them: through the dispatcher.
+ops = torch.ops.xrt
+paged_attention, qk_norm_rope_store_kv, store_kv = ops.paged_attention, ops.qk_norm_rope_store_kv, ops.store_kv
+all_gather, all_reduce_ = ops.all_gather, ops.all_reduce_
+add_rms_norm_linear, fused_add_rms_norm = ops.add_rms_norm_linear, ops.fused_add_rms_norm
+qk_norm_rope = ops.qk_norm_rope
+rms_norm, silu_and_mul, silu_and_mul_linear = ops.rms_norm, ops.silu_and_mul, ops.silu_and_mul_linear
 
 
 def naive_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

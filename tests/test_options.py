@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from op_log import XrtOpLog
 
 from xrt.config import ExecutorArgs, LogLevel, XrtConfig
 from xrt.executor.options import apply_options
@@ -75,15 +76,15 @@ def test_skinny_rows_route_the_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
     """ParallelLMHead reads the configured row limit (not a copy taken at import)."""
     from xrt.layers import embedding
 
-    routed: list[int] = []
-    monkeypatch.setattr(embedding, "linear", lambda h, w: routed.append(h.shape[0]) or h @ w.t())
     head = embedding.ParallelLMHead(16, 8, torch.float32, "cpu")
     hidden = torch.zeros(6, 8).as_subclass(_LooksCuda)
-    apply_options(XrtConfig())
-    head.compute_logits(hidden)
-    apply_options(configured(skinny_gemm_max_rows=4))
-    head.compute_logits(hidden)
-    assert routed == [6]
+    log = XrtOpLog()
+    with log:
+        apply_options(XrtConfig())
+        head.compute_logits(hidden)
+        apply_options(configured(skinny_gemm_max_rows=4))
+        head.compute_logits(hidden)
+    assert [args[0].shape[0] for name, args in zip(log.calls, log.args, strict=True) if name == "linear"] == [6]
 
 
 def test_log_level_is_applied() -> None:

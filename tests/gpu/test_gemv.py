@@ -216,7 +216,9 @@ def test_replays_in_a_cuda_graph_after_warmup(device: torch.device) -> None:
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 9])
 def test_linear_op_on_cuda_matches_fp32_product(layer: str, M: int) -> None:
     """xrt::linear as the layers call it: the skinny kernel where prefer_gemv says so, cuBLAS otherwise."""
-    from xrt.ops.compute import linear
+    import xrt.ops  # noqa: F401  (declares the ops)
+
+    linear = torch.ops.xrt.linear
 
     N, K = QWEN3_06B[layer]
     x, w = inputs(M, N, K, torch.bfloat16, seed=M)

@@ -211,14 +211,12 @@ def test_ops_on_cuda_match_the_unfused_ops(device: torch.device, M: int) -> None
     """xrt::silu_and_mul_linear and xrt::add_rms_norm_linear as the layers call them: the fused kernel where
     xrt::linear runs the skinny GEMM (close to the unfused ops), the unfused CUDA ops themselves elsewhere (M = 9,
     fp32: bit for bit)."""
-    from xrt.ops.compute import (
-        add_rms_norm_linear,
-        fused_add_rms_norm,
-        linear,
-        silu_and_mul,
-        silu_and_mul_linear,
-        uses_skinny_gemm,
-    )
+    import xrt.ops  # noqa: F401  (declares the ops)
+    from xrt.ops.gemm_routing import uses_skinny_gemm
+
+    ops = torch.ops.xrt
+    add_rms_norm_linear, fused_add_rms_norm, linear = ops.add_rms_norm_linear, ops.fused_add_rms_norm, ops.linear
+    silu_and_mul, silu_and_mul_linear = ops.silu_and_mul, ops.silu_and_mul_linear
 
     for dtype in (torch.bfloat16, torch.float32):
         gate_up, w_down = (t.to(device) for t in silu_inputs(M, *SILU_SHAPES["down"], dtype, seed=M))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import xrt.ops  # noqa: F401  (declares torch.ops.xrt.paged_attention)
 from xrt.attention.graph_buffers import GraphDecodeBuffers
 from xrt.attention.metadata import AttentionMetadata
-from xrt.ops.attention import paged_attention
 
 
 class TorchRefBackend:
@@ -44,10 +44,10 @@ class TorchRefBackend:
             qo, t = self._ragged_qo, q.shape[0]
             pages = torch.arange(t, dtype=torch.int32, device=q.device)
             ones = torch.ones(qo.numel() - 1, dtype=torch.int32, device=q.device)
-            return paged_attention(q, torch.stack((k, v), dim=1).unsqueeze(2), qo, qo, pages, ones, scale)
+            return torch.ops.xrt.paged_attention(q, torch.stack((k, v), dim=1).unsqueeze(2), qo, qo, pages, ones, scale)
         if self._csr is None:
             raise RuntimeError("TorchRefBackend.forward called before plan()")
-        return paged_attention(q, kv_cache, *self._csr, scale)
+        return torch.ops.xrt.paged_attention(q, kv_cache, *self._csr, scale)
 
     # -- graph hooks ------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The KV cache on the device: one tensor [layers, pages, 2, page_size, kv_heads, head_dim] (index 0 of the
 third axis K, 1 V: FlashInfer's NHD layout per layer), each attention layer bound to its own view of it.
 How many pages it holds is decided by `xrt.kvcache.sizing`; which pages a sequence owns by the host side
-(`xrt.kvcache.block_manager`)."""
+(`xrt.kvcache.manager`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ from xrt.attention.context import get_forward_context
 from xrt.layers.linear import QKVParallelLinear, RowParallelLinear
 from xrt.layers.norm import RMSNorm
 from xrt.layers.rotary import RotaryEmbedding
-from xrt.ops.attention import qk_norm_rope_store_kv, store_kv
 
 
 class PagedAttention(nn.Module):
@@ -29,7 +28,7 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
-        store_kv(k, v, self.kv_cache, get_forward_context().meta.slot_mapping)
+        torch.ops.xrt.store_kv(k, v, self.kv_cache, get_forward_context().meta.slot_mapping)
         return self.attend(q, k, v)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,8 +74,10 @@ class QKNormSelfAttention(nn.Module):
         t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
-        qk_norm_rope_store_kv(qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
-                              attn.kv_cache, ctx.meta.slot_mapping, h, kv, d, self.eps)
+        torch.ops.xrt.qk_norm_rope_store_kv(
+            qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
+            ctx.meta.slot_mapping, h, kv, d, self.eps,
+        )
         # Strided views of the packed, now normalised and rotated, qkv: no copies.
         q, k, v = qkv.view(t, h + 2 * kv, d).split((h, kv, kv), dim=1)
         out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v)

@@ -9,8 +9,6 @@ from torch import nn
 
 from xrt.layers import linear as linear_layers
 from xrt.layers.weights import check_shape, new_param
-from xrt.ops.collectives import all_gather, all_reduce_
-from xrt.ops.compute import linear
 from xrt.ops.parallel_state import tp_rank, tp_size
 
 
@@ -37,16 +35,16 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(input_ids, self.weight)
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         y = F.embedding((input_ids - self.vocab_start) * mine, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
-        all_reduce_(y)
+        torch.ops.xrt.all_reduce_(y)
         return y
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.is_cuda and hidden.dim() == 2 and hidden.shape[0] <= linear_layers.SKINNY_ROWS:
-            logits = linear(hidden, self.weight)
+            logits = torch.ops.xrt.linear(hidden, self.weight)
         else:
             logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            logits = all_gather(logits, -1)[:, : self.num_embeddings]
+            logits = torch.ops.xrt.all_gather(logits, -1)[:, : self.num_embeddings]
         return logits

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xrt.layers.weights import check_shape, divide, new_param
-from xrt.ops.collectives import all_reduce_
-from xrt.ops.compute import linear, silu_and_mul, silu_and_mul_linear, uses_skinny_gemm
+from xrt.ops.gemm_routing import uses_skinny_gemm
 from xrt.ops.parallel_state import tp_rank, tp_size
 
 # The layers' switches, from cfg.executor through `xrt.executor.options.apply_options` (module attributes: read on
@@ -64,7 +63,7 @@ class _Linear(nn.Module):
         if x.dim() != 2:
             return F.linear(x, self.weight)
         if x.is_cuda and x.shape[0] <= SKINNY_ROWS:
-            return linear(x, self.weight)
+            return torch.ops.xrt.linear(x, self.weight)
         wt = self._weight_t
         # Re-made if the parameter's storage was replaced (the view would still read the old one).
         if wt is None or wt.data_ptr() != self.weight.data_ptr():
@@ -145,11 +144,11 @@ class RowParallelLinear(_Linear):
     def silu_and_mul_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """self(silu_and_mul(gate_up)); one kernel where the matmul runs the skinny GEMM (`fuses_prologue`)."""
         if self.fuses_prologue(gate_up):
-            return self._reduce(silu_and_mul_linear(gate_up, self.weight))
-        return self._reduce(self.matmul(silu_and_mul(gate_up)))
+            return self._reduce(torch.ops.xrt.silu_and_mul_linear(gate_up, self.weight))
+        return self._reduce(self.matmul(torch.ops.xrt.silu_and_mul(gate_up)))
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         # Each rank's partial product over its input slice, fused prologue or not: the all-reduce follows both.
         if self.tp_size > 1:
-            all_reduce_(y)
+            torch.ops.xrt.all_reduce_(y)
         return y

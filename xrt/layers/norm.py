@@ -8,7 +8,6 @@ from torch import nn
 
 from xrt.layers.linear import ColumnParallelLinear
 from xrt.layers.weights import new_param
-from xrt.ops.compute import add_rms_norm_linear, fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -19,11 +18,11 @@ class RMSNorm(nn.Module):
         self.weight.data.fill_(1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return torch.ops.xrt.rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """residual <- x + residual; x <- norm(residual). Both in place; returns (x, residual)."""
-        fused_add_rms_norm(x, residual, self.weight, self.eps)
+        torch.ops.xrt.fused_add_rms_norm(x, residual, self.weight, self.eps)
         return x, residual
 
     def add_forward_linear(
@@ -33,6 +32,6 @@ class RMSNorm(nn.Module):
         linear runs the skinny GEMM (`linear.fuses_prologue`), which leaves x and residual untouched and returns
         the new residual in a new tensor; otherwise add_forward's in-place update."""
         if linear.fuses_prologue(x):
-            return add_rms_norm_linear(x, residual, self.weight, self.eps, linear.weight)
+            return torch.ops.xrt.add_rms_norm_linear(x, residual, self.weight, self.eps, linear.weight)
         x, residual = self.add_forward(x, residual)
         return linear(x), residual

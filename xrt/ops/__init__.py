@@ -1,19 +1,14 @@
-"""xrt's custom ops (`torch.ops.xrt.*`). Importing this package registers every op with its
-reference implementation, then the CUDA implementations when CUDA is present and they exist."""
+"""xrt's custom ops (`torch.ops.xrt.*`). Importing this package declares every op with its reference
+implementation (`xrt.ops.reference`, `xrt.ops.collectives`), then registers the CUDA implementations
+(`xrt.ops.cuda_impls`) when CUDA is present."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import torch
 
-from xrt.ops import attention, collectives, compute  # noqa: F401  (registers the ops)
+from xrt.ops import collectives, reference  # noqa: F401  (declare the ops)
 
-
-def _register_cuda_impls() -> None:
-    if torch.cuda.is_available() and importlib.util.find_spec("xrt.ops.cuda_impls") is not None:
-        importlib.import_module("xrt.ops.cuda_impls")
-
-
-_register_cuda_impls()
+if torch.cuda.is_available():
+    importlib.import_module("xrt.ops.cuda_impls")

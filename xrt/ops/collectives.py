@@ -1,5 +1,6 @@
 """Tensor-parallel collectives as `xrt::` ops (`xrt.ops.registry`) over the group of
-`xrt.ops.parallel_state`; identity at one rank."""
+`xrt.ops.parallel_state`; identity at one rank. Ops, so that a decode CUDA graph captures them and each
+rank replays its own graph."""
 
 from __future__ import annotations
 
@@ -7,25 +8,14 @@ import torch
 import torch.distributed as dist
 
 from xrt.ops.parallel_state import tp_group, tp_size
-from xrt.ops.registry import define
+from xrt.ops.registry import op
 
 
-def _all_reduce_impl(x: torch.Tensor) -> None:
+@op("(Tensor(a0!) x) -> ()")
+def all_reduce_(x: torch.Tensor) -> None:
+    """Sum x over the tensor-parallel group, in place."""
     if tp_size() > 1:
         dist.all_reduce(x, group=tp_group())
-
-
-def _all_gather_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
-    size = tp_size()
-    if size == 1:
-        return x.clone()  # an op may not return an alias of its input
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x.contiguous(), group=tp_group())
-    return torch.cat(parts, dim=dim)
-
-
-def _all_reduce_fake(x: torch.Tensor) -> None:
-    return None
 
 
 def _all_gather_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -34,15 +24,12 @@ def _all_gather_fake(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.new_empty(shape)
 
 
-_ALL_REDUCE = define("all_reduce_", "(Tensor(a0!) x) -> ()", _all_reduce_impl, _all_reduce_fake)
-_ALL_GATHER = define("all_gather", "(Tensor x, SymInt dim) -> Tensor", _all_gather_impl, _all_gather_fake)
-
-
-def all_reduce_(x: torch.Tensor) -> None:
-    """Sum x over the tensor-parallel group, in place."""
-    _ALL_REDUCE(x)
-
-
+@op("(Tensor x, SymInt dim) -> Tensor", _all_gather_fake)
 def all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     """x of every tensor-parallel rank, concatenated along dim (a copy at one rank)."""
-    return _ALL_GATHER(x, dim)
+    size = tp_size()
+    if size == 1:
+        return x.clone()  # an op may not return an alias of its input
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous(), group=tp_group())
+    return torch.cat(parts, dim=dim)

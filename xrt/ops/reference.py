@@ -1,20 +1,35 @@
-"""The numerical reference for every xrt op, in plain torch. The custom ops in `xrt.ops.compute`,
-`xrt.ops.attention` and `xrt.ops.collectives` run these on any device without a faster kernel;
-CUDA kernels are tested against them. In-place functions mutate exactly what their op declares."""
+"""Every model op of the `xrt` namespace, declared once: `@op(schema, fake)` on its numerical reference in
+plain torch, which runs on any device without a faster kernel (`xrt.ops.cuda_impls` registers the CUDA
+kernels by name; they are tested against these functions). In-place functions mutate exactly what their
+schema declares (`Tensor(a!)`). Callers use `torch.ops.xrt.<name>`; the functions here call each other
+directly, never through the dispatcher."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from xrt.ops.registry import op
 
+
+def _like_first(x: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _rows_by_out_features(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@op("(Tensor x, Tensor weight, float eps) -> Tensor", _like_first)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(x.dtype)
 
 
+@op("(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()")
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual <- x + residual; x <- rms_norm(residual) * weight."""
     # The sum is rounded to the activation dtype before normalising, as an unfused add would be.
     summed = x + residual
     residual.copy_(summed)
@@ -28,6 +43,10 @@ def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+@op(
+    "(Tensor(a0!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
+    "SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, float eps) -> ()"
+)
 def qk_norm_rope(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -39,6 +58,8 @@ def qk_norm_rope(
     head_dim: int,
     eps: float,
 ) -> None:
+    """In place on the q and k heads of qkv [T, (H + 2 KV) * D]: per-head RMSNorm, then NeoX RoPE
+    (cos_sin_cache[pos] = cat(cos, sin), each D/2 wide); v untouched."""
     t = qkv.shape[0]
     q_end = num_heads * head_dim
     k_end = q_end + num_kv_heads * head_dim
@@ -50,22 +71,30 @@ def qk_norm_rope(
         part.copy_(rotate_neox(normed, cos, sin))
 
 
+@op("(Tensor x, Tensor weight) -> Tensor", _rows_by_out_features)
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias)."""
+    """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias). On CUDA, small M runs the skinny-GEMM
+    kernel where it beats cuBLAS (`xrt.ops.gemm_routing.uses_skinny_gemm`)."""
     return torch.mm(x, weight.t())
 
 
+@op("(Tensor x) -> Tensor", lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     x32 = x.float()
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
 
 
+@op("(Tensor x, Tensor weight) -> Tensor", _rows_by_out_features)
 def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """linear(silu_and_mul(x), weight): x [M, 2I], weight [N, I] -> [M, N]."""
     return linear(silu_and_mul(x), weight)
 
 
+@op(
+    "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) -> (Tensor, Tensor)",
+    lambda x, residual, norm_weight, eps, weight: (_rows_by_out_features(x, weight), torch.empty_like(x)),
+)
 def add_rms_norm_linear(
     x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +104,10 @@ def add_rms_norm_linear(
     return linear(rms_norm(summed, norm_weight, eps), weight), summed
 
 
+@op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()")
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k/v [T, KV, D] into kv_cache [P, 2, page, KV, D] at slot_mapping[T] (page * page_size + offset);
+    slots < 0 are skipped."""
     page_size = kv_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -84,6 +116,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     kv_cache[pages, 1, offsets] = v[keep].to(kv_cache.dtype)
 
 
+@op(
+    "(Tensor(a0!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
+    "Tensor(a5!) kv_cache, Tensor slot_mapping, SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, "
+    "float eps) -> ()"
+)
 def qk_norm_rope_store_kv(
     qkv: torch.Tensor,
     q_weight: torch.Tensor,
@@ -104,6 +141,11 @@ def qk_norm_rope_store_kv(
     store_kv(k, v, kv_cache, slot_mapping)
 
 
+@op(
+    "(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, "
+    "Tensor kv_last_page_len, float scale) -> Tensor",
+    _like_first,
+)
 def paged_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,

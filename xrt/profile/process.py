@@ -108,9 +108,9 @@ def op_call_costs(device: torch.device, dtype: torch.dtype, hidden: int, inter: 
     """(op, us per call through xrt.ops' entry point, us per call of its implementation), one token at the
     model's widths; the difference is what dispatch adds to every call."""
     import xrt.ops  # noqa: F401  (registers the ops)
-    from xrt.ops import attention as att_ops
-    from xrt.ops import compute
     from xrt.ops.registry import implementation
+
+    ops = torch.ops.xrt
 
     kw = {"device": device, "dtype": dtype}
     x, res, w = torch.randn(1, hidden, **kw), torch.randn(1, hidden, **kw), torch.ones(hidden, **kw)
@@ -120,10 +120,10 @@ def op_call_costs(device: torch.device, dtype: torch.dtype, hidden: int, inter: 
     cache = torch.zeros(2, 2, page, kv_heads, head_dim, **kw)
     slots = torch.zeros(1, dtype=torch.int64, device=device)
     cases: list[tuple[str, Callable[..., object], tuple]] = [
-        ("rms_norm", compute.rms_norm, (x, w, 1e-6)),
-        ("fused_add_rms_norm", compute.fused_add_rms_norm, (x, res, w, 1e-6)),
-        ("silu_and_mul", compute.silu_and_mul, (torch.randn(1, 2 * inter, **kw),)),
-        ("qk_norm_rope_store_kv", att_ops.qk_norm_rope_store_kv,
+        ("rms_norm", ops.rms_norm, (x, w, 1e-6)),
+        ("fused_add_rms_norm", ops.fused_add_rms_norm, (x, res, w, 1e-6)),
+        ("silu_and_mul", ops.silu_and_mul, (torch.randn(1, 2 * inter, **kw),)),
+        ("qk_norm_rope_store_kv", ops.qk_norm_rope_store_kv,
          (qkv, hw, hw, cos_sin, pos, cache, slots, heads, kv_heads, head_dim, 1e-6)),
     ]
     with torch.inference_mode():
