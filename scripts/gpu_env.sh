@@ -4,7 +4,7 @@
 bash .whl/install.sh || return 1
 # pip has just rewritten FlashInfer's sources: backdate them (and any source FlashInfer generated into .fi)
 # so ninja sees the carried .fi build as current instead of recompiling every module (~100 s per bf16 model).
-# Unverified on the H200 as of this commit: check the session header of `pytest tests/gpu` (without -q).
+# Unverified on the H200 as of this commit: check the session header of `pytest --gpu -m gpu tests` (without -q).
 find /tmp/site -exec touch -h -d 2020-01-01 {} + 2>/dev/null
 [ -d .fi ] && find .fi -path '*/cached_ops' -prune -o -exec touch -h -d 2020-01-01 {} + 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=$PWD/.fi PYTHONUNBUFFERED=1 XRT_CACHE_DIR=/tmp/xc

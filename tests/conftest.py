@@ -1,13 +1,19 @@
 """Shared fixtures: the tiny checkpoint in a session-scoped cache directory, a tiny-model config,
-and a fake model runner that checks the engine's paging through a simulated KV cache."""
+and a fake model runner that checks the engine's paging through a simulated KV cache.
+
+GPU tests live next to the CPU tests of their part in files named `*_gpu.py`; they are collected only with
+`--gpu` (or when named on the command line) and then carry the `gpu` marker. Their `device` fixture skips
+without CUDA (and Triton). `slow` marks what only the full GPU run needs (tests/README.md)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from array import array
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +22,73 @@ import torch
 from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
 from xrt.executor.interface import PendingTokens
 from xrt.executor.step import DecodeBatch, StepInput
+
+# ---------------------------------------------------------------- GPU tests: *_gpu.py, collected with --gpu
+
+GPU_SUFFIX = "_gpu.py"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--gpu", action="store_true", default=False,
+                     help=f"collect the GPU tests (files named *{GPU_SUFFIX}, marked `gpu`); they skip without CUDA")
+
+
+def _named_on_command_line(path: Path, config: pytest.Config) -> bool:
+    """path is one of the files given as arguments (`pytest tests/kernels/test_gemv_gpu.py[::test]`)."""
+    base = config.invocation_params.dir
+    return any((base / arg.split("::")[0]).resolve() == path.resolve() for arg in config.args)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave out *_gpu.py files without --gpu, unless the file is named on the command line."""
+    if collection_path.name.endswith(GPU_SUFFIX) and not config.getoption("gpu"):
+        return None if _named_on_command_line(collection_path, config) else True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.endswith(GPU_SUFFIX):
+            item.add_marker(pytest.mark.gpu)
+
+
+def _flashinfer_cache() -> str:
+    """The FlashInfer JIT cache the run starts from. ninja rebuilds a module whose inputs are newer than its
+    objects: reinstalling the flashinfer wheel (new header mtimes) makes every cached module cost its full compile
+    again, ~10-95 s each (tests/README.md)."""
+    base = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home())) / ".cache" / "flashinfer"
+    modules = list(base.glob("*/*/cached_ops/*/*.so")) if base.is_dir() else []
+    line = f"FlashInfer JIT cache {base}: {len(modules)} compiled modules"
+    spec = importlib.util.find_spec("flashinfer")
+    if modules and spec is not None and spec.submodule_search_locations:
+        headers = Path(list(spec.submodule_search_locations)[0]) / "data" / "include"
+        newest = max((f.stat().st_mtime for f in headers.rglob("*.cuh")), default=0.0)
+        stale = sum(1 for m in modules if m.stat().st_mtime < newest)
+        if stale:
+            line += f", {stale} older than the installed flashinfer headers: ninja will rebuild them"
+    return line
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which JIT caches the run starts from: timings are only comparable between runs that start alike."""
+    if not torch.cuda.is_available():
+        return []
+    triton = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    kernels = sum(1 for _ in triton.rglob("*.cubin")) if triton.is_dir() else 0
+    return [_flashinfer_cache(), f"Triton cache {triton}: {kernels} compiled kernels"]
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The CUDA device of the GPU tests; skips without CUDA or without Triton."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("triton")
+    return torch.device("cuda")
+
+
+# ---------------------------------------------------------------- shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Shared set-up of the test_*_interpret.py files: Triton kernels run on CPU under TRITON_INTERPRET=1 through
-the check functions of their tests/gpu counterparts, on shapes small enough for the interpreter."""
+the check functions of their *_gpu.py counterparts, on shapes small enough for the interpreter."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch
 
 
 class Interpreter:
-    """For one test module: skips it on CUDA machines (its tests/gpu file runs the compiled kernels) or
+    """For one test module: skips it on CUDA machines (its *_gpu.py file runs the compiled kernels) or
     without triton, switches triton to its interpreter when triton is not imported yet, and loads the check
-    functions of tests/gpu/<gpu_test>.
+    functions of tests/<gpu_test> (a path under tests/, e.g. "kernels/test_gemv_gpu.py").
 
     triton.jit picks the interpreter at decoration time, so TRITON_INTERPRET must be set before triton is first
     imported. When another test module imported it first, `in_process` tests skip and the module's
@@ -25,7 +25,7 @@ class Interpreter:
 
     def __init__(self, gpu_test: str) -> None:
         if torch.cuda.is_available():
-            pytest.skip(f"CUDA present: tests/gpu/{gpu_test} covers the compiled kernels", allow_module_level=True)
+            pytest.skip(f"CUDA present: tests/{gpu_test} covers the compiled kernels", allow_module_level=True)
         if importlib.util.find_spec("triton") is None:
             pytest.skip("triton is not installed", allow_module_level=True)
         self.active = "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
@@ -34,7 +34,7 @@ class Interpreter:
         self.in_process = pytest.mark.skipif(not self.active, reason="triton already imported; run by "
                                              "test_in_subprocess")
         self.subprocess_only = pytest.mark.skipif(self.active, reason="runs in process")
-        path = Path(__file__).parent / "gpu" / gpu_test
+        path = Path(__file__).parent / gpu_test
         spec = importlib.util.spec_from_file_location(f"xrt_checks_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         self.checks: ModuleType = importlib.util.module_from_spec(spec)

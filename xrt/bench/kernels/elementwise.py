@@ -27,7 +27,7 @@ Case = tuple[str, Launch, Launch, int, Callable[[], float] | None]
 def cases(cfg: XrtConfig, n: int, dtype: torch.dtype, device: torch.device) -> list[Case]:
     """(name, Triton call, reference call, bytes one call moves, check) at n tokens on fresh random inputs.
     check: the relative error of the kernel's result (functional kernels; the in-place ones are checked by
-    tests/gpu/test_kernels.py)."""
+    tests/kernels/test_kernels_gpu.py)."""
     from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv
     from xrt.kernels.rms_norm import fused_add_rms_norm, rms_norm
     from xrt.kernels.silu_and_mul import silu_and_mul

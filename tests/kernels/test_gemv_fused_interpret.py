@@ -1,7 +1,7 @@
 """The fused-prologue skinny GEMM kernels on CPU under TRITON_INTERPRET=1, through the checks of
-tests/gpu/test_gemv_fused.py on shapes small enough for the interpreter; the config rule on the Qwen3-0.6B
+tests/kernels/test_gemv_fused_gpu.py on shapes small enough for the interpreter; the config rule on the Qwen3-0.6B
 shapes; and the tiny model's decode with the interpreted kernels standing in for the fused ops' CPU
-implementation. Skipped without triton and on CUDA machines (tests/gpu runs the compiled kernels)."""
+implementation. Skipped without triton and on CUDA machines (test_gemv_fused_gpu.py runs the compiled kernels)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("test_gemv_fused.py")
+INTERPRETER = Interpreter("kernels/test_gemv_fused_gpu.py")
 checks = INTERPRETER.checks
 in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")

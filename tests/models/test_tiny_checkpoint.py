@@ -16,7 +16,7 @@ from xrt.models.tiny import FILES, WEIGHT_STD, make_tiny_checkpoint, tiny_model_
 from xrt.reflect import from_hf
 
 transformers = pytest.importorskip("transformers")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""The skinny-GEMM kernel on CPU under TRITON_INTERPRET=1, through the checks of tests/gpu/test_gemv.py on
+"""The skinny-GEMM kernel on CPU under TRITON_INTERPRET=1, through the checks of tests/kernels/test_gemv_gpu.py on
 shapes small enough for the interpreter (it runs each program in Python), plus the config heuristic on the
-Qwen3-0.6B shapes. Skipped without triton and on CUDA machines (tests/gpu runs the compiled kernel)."""
+Qwen3-0.6B shapes. Skipped without triton and on CUDA machines (test_gemv_gpu.py runs the compiled kernel)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("test_gemv.py")
+INTERPRETER = Interpreter("kernels/test_gemv_gpu.py")
 checks = INTERPRETER.checks
 in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")

@@ -38,7 +38,7 @@ def test_bad_settings_name_the_field(capsys: pytest.CaptureFixture[str]) -> None
     assert err.startswith("error: profile.batch: must list at least one batch size")
 
 
-@pytest.mark.skipif(not CPU, reason="on a CUDA machine the breakdown runs (tests/gpu)")
+@pytest.mark.skipif(not CPU, reason="on a CUDA machine the breakdown runs (tests/bench/test_bench_tools_gpu.py)")
 def test_breakdown_refuses_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = _profile(capsys, "profile.mode=breakdown")
     assert rc == 2 and out == ""

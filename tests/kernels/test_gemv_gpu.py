@@ -1,7 +1,7 @@
 """The skinny-GEMM kernel (xrt.kernels.gemv) against x.float() @ w.float().T: picked and candidate configs,
 split-K, odd shapes, out= and leading dims, and replay inside a CUDA graph.
 
-The check_* functions are device-agnostic so tests/test_gemv_interpret.py runs them on CPU under
+The check_* functions are device-agnostic so test_gemv_interpret.py runs them on CPU under
 TRITON_INTERPRET=1; the kernel module is imported inside them, so collecting this file never imports triton."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def check_edge_cases(device: torch.device) -> None:
         g.gemv(torch.randn(2, 8, device=device), w, config=g.GemvConfig(16, 8, 16, use_dot=True))
 
 
-# ---------------------------------------------------------------- GPU tests (tests/gpu/conftest.py: `device`)
+# ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
 
 
 PICKED = [(dtype, layer, M) for dtype in (torch.bfloat16, torch.float16) for layer in sorted(QWEN3_06B)

@@ -1,6 +1,6 @@
 """The split-KV decode attention kernel on CPU under TRITON_INTERPRET=1, through the checks of
-tests/gpu/test_decode_attention.py on shapes small enough for the interpreter (it runs each program in Python).
-Skipped without triton and on CUDA machines (tests/gpu runs the compiled kernel)."""
+tests/kernels/test_decode_attention_gpu.py on shapes small enough for the interpreter (it runs each program in Python).
+Skipped without triton and on CUDA machines (test_decode_attention_gpu.py runs the compiled kernel)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("test_decode_attention.py")
+INTERPRETER = Interpreter("kernels/test_decode_attention_gpu.py")
 checks = INTERPRETER.checks
 in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")

@@ -1,6 +1,6 @@
-"""The Triton kernels on CPU under TRITON_INTERPRET=1, through the same checks as tests/gpu/test_kernels.py
+"""The Triton kernels on CPU under TRITON_INTERPRET=1, through the same checks as tests/kernels/test_kernels_gpu.py
 (on fewer shapes: the interpreter runs each program in Python). Skipped without triton (CI) and on CUDA
-machines, where tests/gpu runs the compiled kernels instead."""
+machines, where test_kernels_gpu.py runs the compiled kernels instead."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("test_kernels.py")
+INTERPRETER = Interpreter("kernels/test_kernels_gpu.py")
 checks = INTERPRETER.checks
 in_process = INTERPRETER.in_process
 DTYPES = checks.DTYPES

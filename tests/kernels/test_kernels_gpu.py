@@ -1,7 +1,7 @@
 """Each Triton kernel against its CPU reference (xrt.ops.reference) on fresh random inputs.
 
 Tensors a kernel mutates are copied to the device (`copy=True`: on CPU `.to` would alias the input the
-reference then reads). The check_* functions are device-agnostic so tests/test_kernels_interpret.py can
+reference then reads). The check_* functions are device-agnostic so test_kernels_interpret.py can
 run the same checks on CPU under TRITON_INTERPRET=1. Kernel modules are imported inside the checks (not at
 module level), so collecting this file never imports triton and never fixes the interpreter mode too early."""
 

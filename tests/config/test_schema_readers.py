@@ -17,7 +17,7 @@ from xrt.cli.main import ENVIRONMENT
 from xrt.config import XrtConfig
 from xrt.reflect import walk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def code_of(path: Path) -> str:

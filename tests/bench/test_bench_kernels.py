@@ -25,7 +25,7 @@ BASE = {"scenario": "kernels", "model": "qwen3", "dtype": "bfloat16", "device_na
 
 def test_cli_refuses_kernels_without_cuda(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     if torch.cuda.is_available():
-        pytest.skip("CUDA present: the scenario runs (tests/gpu)")
+        pytest.skip("CUDA present: the scenario runs (tests/bench/test_bench_tools_gpu.py)")
     rc = main(["bench", "bench.scenario=kernels", "bench.kernels=[elementwise]", f"bench.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2

@@ -3,7 +3,7 @@
 on page boundaries, empty (padding) sequences, GQA groups, page and head sizes, one chunk and many, reuse of
 one object with new metadata, the Qwen3-0.6B shape, and replay inside a CUDA graph with new metadata.
 
-The check_* functions are device-agnostic so tests/test_decode_attention_interpret.py runs them on CPU under
+The check_* functions are device-agnostic so test_decode_attention_interpret.py runs them on CPU under
 TRITON_INTERPRET=1; the kernel module is imported inside them, so collecting this file never imports triton."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def check_errors(device: torch.device) -> None:
     assert empty.shape == (0, 4, 32)
 
 
-# ---------------------------------------------------------------- GPU tests (tests/gpu/conftest.py: `device`)
+# ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
 
 # (lens, heads, kv heads, head_dim, page size, kernel kwargs): one chunk, many chunks, page boundaries, a
 # one-token sequence, padding rows, GQA 1/2/4/8, page sizes 1..64, head_dim 64/128.

@@ -1,6 +1,6 @@
 """The kernels scenario's GPU-only measuring code on CPU under TRITON_INTERPRET=1: its inputs, kernel calls and
 correctness checks, with a stand-in timer (one call, 1 us) and no device synchronization. Skipped without
-triton (CI) and on CUDA machines, where tests/gpu/test_bench_tools.py runs the scenario itself."""
+triton (CI) and on CUDA machines, where tests/bench/test_bench_tools_gpu.py runs the scenario itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("test_bench_tools.py")
+INTERPRETER = Interpreter("bench/test_bench_tools_gpu.py")
 CPU = torch.device("cpu")
 
 

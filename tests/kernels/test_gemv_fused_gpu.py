@@ -3,7 +3,7 @@ composed in fp32: silu_and_mul then the product, fused_add_rms_norm then the pro
 picked and explicit configs, split-K counters reset over repeated calls, inputs left unmodified; then the
 `xrt::` ops' routing on CUDA, the model's decode logits fused against unfused, and replay in a CUDA graph.
 
-The check_* functions are device-agnostic so tests/test_gemv_fused_interpret.py runs them on CPU under
+The check_* functions are device-agnostic so test_gemv_fused_interpret.py runs them on CPU under
 TRITON_INTERPRET=1; the kernel modules are imported inside them, so collecting this file never imports triton."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from xrt.ops import reference
 
 EPS = 1e-6
-# Max |out - ref| / max |ref|, as tests/gpu/test_gemv.py: out is rounded once to the dtype (plus the
+# Max |out - ref| / max |ref|, as test_gemv_gpu.py: out is rounded once to the dtype (plus the
 # prologue's x, rounded like the unfused kernel's output, which the reference rounds too).
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # Qwen3-0.6B layers with a fused prologue, (N, K): the norm before qkv and gate_up, the activation before down.
@@ -153,7 +153,7 @@ def check_edge_cases(device: torch.device) -> None:
         f.add_rms_norm_gemv(x, r, torch.ones(7, device=device), EPS, w)
 
 
-# ---------------------------------------------------------------- GPU tests (tests/gpu/conftest.py: `device`)
+# ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
 
 M_ALL = range(1, 9)
 M_QUICK = {1, 3, 8}
