@@ -6,6 +6,7 @@ reserves (the prefill CUDA graphs' memory pool and buffers)."""
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,10 @@ def peak_bytes_on_scratch_cache(runner: ProfiledRunner, num_pages: int, run: Cal
 
 def device_used_bytes(device: torch.device) -> tuple[int, int]:
     """(bytes in use on the device by anyone, total bytes), after returning torch's cached blocks."""
+    # A runner dropped earlier in this process (a second LLM, a sweep's next job) is often held only by
+    # reference cycles (runner <-> graph managers); until a collection its KV cache counts as in use here
+    # (seen on the H200: 125 GiB "in use" for the second runner of one process).
+    gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
