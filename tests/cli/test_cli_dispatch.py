@@ -67,7 +67,7 @@ def test_bench_uses_bench_yaml_and_multirun_runs_one_job_per_combination(
 def test_single_bench_run_is_job_0_of_1_and_its_status_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fake_command(monkeypatch, "bench", rc=3)
     assert cli.main(["bench", "--config-name", "config", "device=cpu"]) == 3
-    assert calls[0][0].model.name == "qwen3-tiny" and calls[0][1:] == (0, 1)
+    assert calls[0][0].model.name == "qwen3-tiny" and calls[0][1:] == (0, 1, True)
 
 
 def test_config_errors_stop_a_sweep_before_any_job_runs(monkeypatch: pytest.MonkeyPatch,

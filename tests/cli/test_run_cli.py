@@ -31,9 +31,12 @@ def test_jsonl_prompts_file_and_jsonl_output(cfg: XrtConfig, tmp_path: Path,
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Hello"}\n\n{"prompt": "Once upon a time"}\n{"prompt_token_ids": [5, 6, 7]}\n')
     cfg.prompts_file = str(prompts)
+    (tmp_path / "out").mkdir()
     cfg.output = str(tmp_path / "out" / "gen.jsonl")
     assert main(cfg) == 0
-    records = [json.loads(line) for line in Path(cfg.output).read_text().splitlines()]
+    # Lines are written in completion order; request_id gives the prompt order.
+    records = sorted((json.loads(line) for line in Path(cfg.output).read_text().splitlines()),
+                     key=lambda r: r["request_id"])
     assert [r["prompt"] for r in records] == ["Hello", "Once upon a time", None]
     assert records[2]["prompt_token_ids"] == [5, 6, 7]
     assert all(len(r["token_ids"]) == 6 and r["finish_reason"] == "length" and r["error"] is None for r in records)

@@ -42,9 +42,9 @@ BAD = [
     ("not power of two", ["cache.page_size=12"], "cache.page_size", "power of two, got 12"),
     ("+new.key", ["+new.key=1"], "new.key", "unknown field"),
     ("+model.new", ["+model.new_thing=1"], "model.new_thing", "unknown field"),
-    ("parse error", ["model.name=[oops"], "model.name", "cannot parse"),
+    ("parse error", ["bench.batch=[oops"], "bench.batch", "cannot parse"),
     ("sweep without -m", ["executor=eager,cudagraph"], "executor", "add -m"),
-    ("missing interpolation", ["model.name=${nope}"], "model.name", "nope"),
+    ("missing interpolation", ["model.name='${nope}'"], "model.name", "nope"),
     # every cross-field rule of xrt/config/schema.py
     ("kv heads divide heads", ["model.num_key_value_heads=3"], "model.num_key_value_heads",
      "must divide num_attention_heads=4, got 3"),

@@ -152,7 +152,7 @@ def test_cross_field_rules_still_run_when_a_section_has_field_errors() -> None:
 
 def test_hydra_level_errors_become_problems() -> None:
     assert "available: qwen3, qwen3-0.6b" in problems_of(["model=qwen5"])["model"]
-    assert "cannot parse" in problems_of(["model.name=["])["model.name"]
+    assert "cannot parse" in problems_of(["seed=["])["seed"]
     assert "add -m" in problems_of(["executor=eager,cudagraph"])["executor"]
     assert "bench.batch=[1,8]" in problems_of(["bench.batch=1,8"])["bench.batch"]
     assert "nope" in problems_of(["seed=${nope}"])["seed"]

@@ -1,5 +1,5 @@
-"""results.jsonl: one JSON object per measurement. Every job of a multirun appends to the same
-file; the first job (index 0) starts it afresh so a rerun never mixes with stale lines."""
+"""results.jsonl: one JSON object per measurement. The jobs of a multirun that share an out_dir append to
+the same file; the first of them starts it afresh so a rerun never mixes with stale lines."""
 
 from __future__ import annotations
 

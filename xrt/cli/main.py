@@ -13,6 +13,14 @@ import traceback
 
 import attrs
 
+from xrt.cli.prompt_args import (
+    PROMPT_COMMANDS,
+    PromptArgError,
+    check_positional,
+    is_override,
+    prompt_overrides,
+    strings_help,
+)
 from xrt.log import set_level
 from xrt.reflect import ConfigError, Problem
 from xrt.reflect.suggest import did_you_mean
@@ -25,7 +33,8 @@ COMMANDS = {
     "config": "show|validate|schema|fields: print or check the composed config",
 }
 DEFAULT_CONFIG = {"bench": "bench", "profile": "bench"}
-USAGE = "usage: python -m xrt {run,bench,profile,serve,config} [-m] [-v|-q] [--config-name NAME] [key=value ...]"
+USAGE = ("usage: python -m xrt {run,bench,profile,serve,config} [-m] [-v|-q] [--config-name NAME] [key=value ...]"
+         " [PROMPT|-]")
 # -v / -q are the log_level field: appended as its override, so `config show` prints the level a run uses.
 LOG_FLAGS = {"-v": "debug", "--verbose": "debug", "-q": "warning", "--quiet": "warning"}
 # Every environment variable xrt reads (behaviour switches are config fields, not variables).
@@ -53,6 +62,7 @@ class Invocation:
     help: bool = False
     log_level: str | None = None
     overrides: list[str] = attrs.Factory(list)
+    prompt: str | None = None  # positional (run, config); "-": read stdin
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in e.lines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    except UsageError as e:
+    except (UsageError, PromptArgError) as e:
         _debug_traceback()
         print(f"error: {e}\n{USAGE}\n(python -m xrt --help lists commands, options and fields)", file=sys.stderr)
         return 2
@@ -121,10 +131,14 @@ def parse_args(args: list[str]) -> Invocation:
             inv.config_name = tok.split("=", 1)[1]
         elif tok == "--json" and command == "config":
             inv.as_json = True
+        elif tok == "-" and command in PROMPT_COMMANDS and (command != "config" or inv.action is not None):
+            inv.prompt = check_positional(tok, inv.prompt)
         elif tok.startswith("-"):
             raise UsageError(f"unknown option {tok!r}")
         elif command == "config" and inv.action is None and "=" not in tok and tok[:1] not in "+~":
             inv.action = tok
+        elif command in PROMPT_COMMANDS and not is_override(tok):
+            inv.prompt = check_positional(tok, inv.prompt)
         else:
             inv.overrides.append(tok)
     return inv
@@ -138,8 +152,9 @@ def _config(inv: Invocation) -> int:
         hint = did_you_mean(inv.action, config_cmd.ACTIONS) if inv.action else ""
         raise UsageError(f"xrt config: {given}{hint}; actions: {', '.join(config_cmd.ACTIONS)}")
     if inv.action in ("schema", "fields"):
-        if inv.overrides:
-            raise UsageError(f"xrt config {inv.action} takes no overrides, got {' '.join(inv.overrides)}")
+        if inv.overrides or inv.prompt is not None:
+            given = " ".join([*inv.overrides, *([inv.prompt] if inv.prompt is not None else [])])
+            raise UsageError(f"xrt config {inv.action} takes no overrides, got {given}")
         print(config_cmd.schema() if inv.action == "schema" else config_cmd.fields())
         return 0
     jobs = _jobs(inv)
@@ -162,22 +177,33 @@ def _dispatch(inv: Invocation) -> int:
         return 2
     jobs = _jobs(inv)
     cfgs = _compose_all(jobs, inv.config_name or DEFAULT_CONFIG.get(inv.command, "config"), inv.multirun)
+    from xrt.cli.paths import CHECKS
     from xrt.config import runtime_check
 
-    _raise_all([runtime_check(cfg) for cfg in cfgs], jobs, inv.multirun)
+    # Machine and path checks for every job before the first one loads a model: a sweep fails at once.
+    check_paths = CHECKS.get(inv.command, lambda cfg: [])
+    _raise_all([runtime_check(cfg) + check_paths(cfg) for cfg in cfgs], jobs, inv.multirun)
     module = importlib.import_module(module_name)
     status = 0
+    first_in_dir: dict[str, int] = {}
     for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
         set_level(cfg.log_level.value)
         if inv.multirun:
             print(f"[{_job_label(i, len(jobs), job)}]", flush=True)
-        rc = module.main(cfg, i, len(jobs)) if inv.command == "bench" else module.main(cfg)
+        if inv.command == "bench":
+            # The first job writing to an out_dir starts its results.jsonl afresh; later ones append.
+            fresh = first_in_dir.setdefault(os.path.abspath(cfg.bench.out_dir), i) == i
+            rc = module.main(cfg, i, len(jobs), fresh)
+        else:
+            rc = module.main(cfg)
         status = status or int(rc or 0)
     return status
 
 
 def _jobs(inv: Invocation) -> list[list[str]]:
     overrides = inv.overrides + ([f"log_level={inv.log_level}"] if inv.log_level else [])
+    if inv.command in PROMPT_COMMANDS:
+        overrides = prompt_overrides(overrides, inv.prompt)
     if not inv.multirun:
         return [overrides]
     from xrt.config.compose import expand_sweeps
@@ -186,7 +212,9 @@ def _jobs(inv: Invocation) -> list[list[str]]:
 
 
 def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> list:
-    """Every job's config, composed before any job runs, so a sweep fails early and all at once."""
+    """Every job's config, composed before any job runs, so a sweep fails early and all at once. In a
+    sweep, jobs that would share one `output` file get one each (`xrt.cli.paths.separate_outputs`)."""
+    from xrt.cli.paths import separate_outputs, sweep_problems
     from xrt.config.compose import load_config
 
     cfgs, found = [], []
@@ -197,6 +225,9 @@ def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> lis
         except ConfigError as e:
             found.append(e.problems)
     _raise_all(found, jobs, multirun)
+    if multirun:
+        cfgs = separate_outputs(cfgs)
+        _raise_all(sweep_problems(cfgs), jobs, multirun)
     return cfgs
 
 
@@ -238,6 +269,7 @@ def full_help(command: str | None = None) -> str:
         "  -h, --help           this help",
         "",
         "overrides (Hydra syntax): key=value, group=option, key=[a,b] (list), +key=value (add), ~key (delete)",
+        *strings_help(),
         "",
         "groups:",
     ]

@@ -1,5 +1,6 @@
 """`python -m xrt run`: generate from `prompt` or every line of `prompts_file`, print each
-generation, optionally write them as JSONL to `output`, and end with a startup/throughput summary."""
+generation, optionally write them as JSONL to `output` (each line as its request finishes, so a crash
+or Ctrl-C keeps what was done), and end with a startup/throughput summary."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
 
+from xrt.cli.paths import output_problems
 from xrt.config import XrtConfig
 from xrt.engine.outputs import RequestOutput
+from xrt.reflect import ConfigError
 
 Prompt = str | list[int]
 
@@ -22,6 +27,12 @@ class RunInputError(ValueError):
 
 def main(cfg: XrtConfig) -> int:
     """0 when every request completed; 1 when some failed (each gets an error line); 2 when nothing ran."""
+    # The CLI checks `output` for every job before the first loads a model; this covers direct callers.
+    problems = output_problems(cfg)
+    if problems:
+        for line in ConfigError(problems).lines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     try:
         prompts = read_prompts(cfg)
         from xrt.engine.llm import LLM
@@ -29,11 +40,16 @@ def main(cfg: XrtConfig) -> int:
         llm = LLM(cfg)
         if cfg.chat:
             prompts = [llm.apply_chat_template([{"role": "user", "content": _as_text(p)}]) for p in prompts]
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, add_special_tokens=not cfg.chat)
-        elapsed = time.perf_counter() - start
-        if cfg.output:
-            write_outputs(cfg.output, outputs)
+        # Opened (and an earlier file replaced) only once the model is up: a failed load leaves it alone.
+        with open_output(cfg.output) as sink:
+            start = time.perf_counter()
+            try:
+                outputs = llm.generate(prompts, add_special_tokens=not cfg.chat, on_output=sink.write)
+            except KeyboardInterrupt:
+                where = f"; their results are in {cfg.output}" if cfg.output else ""
+                print(f"interrupted: {sink.count} of {len(prompts)} requests finished{where}", file=sys.stderr)
+                raise
+            elapsed = time.perf_counter() - start
     except (ValueError, OSError) as e:
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             raise
@@ -42,6 +58,8 @@ def main(cfg: XrtConfig) -> int:
     for out in outputs:
         print_output(out)
     print(summary(llm.startup_s, outputs, elapsed), flush=True)
+    if cfg.output:
+        print(f"wrote {len(outputs)} results to {cfg.output}", flush=True)
     failed = [o for o in outputs if o.finish_reason == "error"]
     for o in failed:
         print(f"error: {o.error}", file=sys.stderr)
@@ -88,23 +106,41 @@ def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
     raise RunInputError(f'{where}: expected {{"prompt": "<text>"}} or {{"prompt_token_ids": [ints]}}, got {line[:80]}')
 
 
-def write_outputs(path: str, outputs: list[RequestOutput]) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+class Sink:
+    """Appends one JSONL record per finished request and flushes it; with no file it only counts."""
+
+    def __init__(self, f: IO[str] | None) -> None:
+        self.f = f
+        self.count = 0
+
+    def write(self, o: RequestOutput) -> None:
+        self.count += 1
+        if self.f is not None:
+            self.f.write(json.dumps(record(o), ensure_ascii=False) + "\n")
+            self.f.flush()
+
+
+@contextmanager
+def open_output(path: str) -> Iterator[Sink]:
+    if not path:
+        yield Sink(None)
+        return
     with open(path, "w", encoding="utf-8") as f:
-        for o in outputs:
-            record = {
-                "request_id": o.request_id,
-                "prompt": o.prompt,
-                "prompt_token_ids": o.prompt_token_ids,
-                "text": o.text,
-                "token_ids": o.token_ids,
-                "finish_reason": o.finish_reason,
-                "error": o.error,
-                "ttft_s": o.ttft_s,
-                "token_times_s": o.token_times_s,
-            }
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        yield Sink(f)
+
+
+def record(o: RequestOutput) -> dict[str, Any]:
+    return {
+        "request_id": o.request_id,
+        "prompt": o.prompt,
+        "prompt_token_ids": o.prompt_token_ids,
+        "text": o.text,
+        "token_ids": o.token_ids,
+        "finish_reason": o.finish_reason,
+        "error": o.error,
+        "ttft_s": o.ttft_s,
+        "token_times_s": o.token_times_s,
+    }
 
 
 def print_output(out: RequestOutput) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from xrt.config import ModelArgs, XrtConfig
+from xrt.config.verbatim import hydra_parser, literal_overrides, split, sweep_choices
 from xrt.reflect import ConfigError, Problem, build, find, hf_values, to_dict, walk
 from xrt.reflect.build import INVALID, convert
 from xrt.reflect.suggest import closest
@@ -67,11 +67,12 @@ def load_config(overrides: list[str] | None = None, *, config_name: str = "confi
     checkpoint's config.json. Library API, exported as `xrt.load_config`; the CLI composes through it too.
     `config_name`: the primary config in conf/ ("config", or "bench" for the benchmark protocol). Raises
     `ConfigError` listing every problem with its dotted field. Changes no global state (working directory,
-    logging): `log_level` and the executor's switches apply when a runner is built from the config."""
-    overrides = list(overrides or [])
+    logging): `log_level` and the executor's switches apply when a runner is built from the config.
+    String fields take their text literally (`prompt=Hello, world`); see `xrt.config.verbatim`."""
+    overrides = _as_list(overrides)
     conf = conf_dir()
     problems: list[Problem] = []
-    parsed = parse_overrides(overrides, problems)
+    parsed = parse_overrides(literal_overrides(overrides, problems), problems)
     rewritten = precheck(parsed, group_options(conf), config_names(conf), config_name, problems)
     # Unknown keys and sweeps are dropped and the rest still checked, so one run reports every
     # mistake. A bad group option or unparsable value would change what the rest is checked against.
@@ -88,36 +89,47 @@ def load_config(overrides: list[str] | None = None, *, config_name: str = "confi
     return cfg
 
 
+def _as_list(overrides: list[str] | None) -> list[str]:
+    # A bare string would be iterated character by character: refuse it rather than guess at a split.
+    if isinstance(overrides, str):
+        raise TypeError(f"load_config: overrides must be a list of 'key=value' strings, got the string "
+                        f"{overrides!r}; write load_config([{overrides!r}])")
+    out = list(overrides or [])
+    wrong = [o for o in out if not isinstance(o, str)]
+    if wrong:
+        raise TypeError(f"load_config: overrides must be 'key=value' strings, got {wrong[0]!r}")
+    return out
+
+
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Hydra sweep syntax (`a=1,2 b=x,y`, `range(1,4)`, `glob(*)`) to one override list per job,
-    as a cartesian product in the order given (as Hydra's BasicSweeper does)."""
+    as a cartesian product in the order given (as Hydra's BasicSweeper does). A string field's value is split
+    at commas outside quoted choices, and each choice stays literal (`xrt.config.verbatim.sweep_choices`)."""
     problems: list[Problem] = []
-    parsed = parse_overrides(overrides, problems)
-    options = group_options()
     axes: dict[str, list[str]] = {}
-    for o in parsed:
-        key = o.get_key_element()
-        if not o.is_sweep_override():
-            axes[key] = [o.input_line]
-        elif o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP":
-            names = o.value().filter(options.get(o.key_or_group, []))
-            if not names:
-                problems.append((o.key_or_group, f"glob matches no option of group {o.key_or_group!r}"))
-            axes[key] = [f"{key}={n}" for n in names]
-        elif o.is_discrete_sweep():
-            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-        else:
-            problems.append((o.key_or_group, "only a,b,c / range() / glob() sweeps are supported"))
+    options = group_options()
+    for s in overrides:
+        parts = split(s)
+        if parts is not None:
+            choices = sweep_choices(s, problems)
+            axes[parts[0] + parts[1]] = [s] if choices is None else choices
+            continue
+        for o in parse_overrides([s], problems):
+            key = o.get_key_element()
+            if not o.is_sweep_override():
+                axes[key] = [o.input_line]
+            elif o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP":
+                names = o.value().filter(options.get(o.key_or_group, []))
+                if not names:
+                    problems.append((o.key_or_group, f"glob matches no option of group {o.key_or_group!r}"))
+                axes[key] = [f"{key}={n}" for n in names]
+            elif o.is_discrete_sweep():
+                axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            else:
+                problems.append((o.key_or_group, "only a,b,c / range() / glob() sweeps are supported"))
     if problems:
         raise ConfigError(problems)
     return [list(job) for job in itertools.product(*axes.values())]
-
-
-@cache
-def _parser() -> Any:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return OverridesParser.create()
 
 
 def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
@@ -127,7 +139,7 @@ def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
     parsed = []
     for s in overrides:
         try:
-            parsed.append(_parser().parse_override(s))
+            parsed.append(hydra_parser().parse_override(s))
         except HydraException as e:
             key = s.split("=", 1)[0].lstrip("+~").strip() or s
             value = s.split("=", 1)[1] if "=" in s else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -41,9 +42,12 @@ class LLM:
         use_tqdm: bool | None = None,
         *,
         add_special_tokens: bool = True,
+        on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. `sampling`: one for all prompts or a list, one each;
-        None uses cfg.sampling. A prompt that cannot run comes back with finish_reason "error"."""
+        None uses cfg.sampling. A prompt that cannot run comes back with finish_reason "error".
+        `on_output`: called with each output as its request finishes (completion order), so a caller can
+        keep results that finished before a crash or Ctrl-C."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -67,6 +71,8 @@ class LLM:
                 for out in self.engine.step():
                     if out.request_id in wanted:
                         results[out.request_id] = out
+                        if on_output is not None:
+                            on_output(out)
                         generated += len(out.token_ids)
                         bar.update(1)
                         bar.set_postfix(tok_s=f"{generated / max(time.perf_counter() - start, 1e-9):.1f}")
