@@ -76,8 +76,9 @@ def test_environment_variables_are_the_documented_lookups() -> None:
 
 # import name -> distribution, where they differ
 DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core"}
-# imported only where their extra is installed (CUDA kernels, the benchmark's peer and plot)
-EXTRAS = {"triton": "cuda", "flashinfer": "cuda", "transformers": "bench", "matplotlib": "bench"}
+# imported only where their extra is installed (CUDA kernels, the benchmark's peer and plot, the Hub cache lookup)
+EXTRAS = {"triton": "cuda", "flashinfer": "cuda", "transformers": "bench", "matplotlib": "bench",
+          "huggingface_hub": "hub"}
 
 
 def imported_packages() -> set[str]:

@@ -14,13 +14,17 @@ from typing import Any
 
 from xrt.config import ModelArgs, XrtConfig
 from xrt.config.verbatim import hydra_parser, literal_overrides, split, sweep_choices
+from xrt.models.errors import CheckpointError
+from xrt.models.hf_config import missing_message, missing_shape_keys
+from xrt.models.hub import checkpoint_dir, checkpoint_name
 from xrt.reflect import ConfigError, Problem, build, find, hf_values, to_dict, walk
-from xrt.reflect.build import INVALID, convert
 from xrt.reflect.suggest import closest
 from xrt.reflect.types import dict_types, field_types, is_config_class, list_item
 
 SCHEMA_NODE = "xrt_schema"
 UNBUILT = "_unbuilt"
+# In _fill_from_checkpoint's {field: file}: a shape field config.json lacks.
+MISSING = ""
 
 
 def conf_dir() -> Path:
@@ -77,13 +81,14 @@ def load_config(overrides: list[str] | None = None, *, config_name: str = "confi
     # Unknown keys and sweeps are dropped and the rest still checked, so one run reports every
     # mistake. A bad group option or unparsable value would change what the rest is checked against.
     if not problems or all(m.startswith(("unknown field", "is a sweep")) for _, m in problems):
+        from_file: dict[str, str] = {}
         try:
             raw = _compose(conf, config_name, rewritten)
             _reject_unbuilt(raw)
-            _fill_from_checkpoint(raw, {o.key_or_group for o in parsed if not o.is_delete()})
+            from_file = _fill_from_checkpoint(raw, {o.key_or_group for o in parsed if not o.is_delete()}, problems)
             cfg = build(XrtConfig, raw)
         except ConfigError as e:
-            problems.extend(e.problems)
+            problems.extend(_blame_file(e.problems, from_file))
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -270,39 +275,62 @@ def _reject_unbuilt(raw: dict[str, Any]) -> None:
         raise ConfigError([("", message) for message in found])
 
 
-def _fill_from_checkpoint(raw: dict[str, Any], explicit: set[str]) -> None:
-    """When model.path is set, the checkpoint's config.json gives the shape fields (HF keys from
-    ModelArgs' metadata); a field set explicitly on the command line still wins. max_model_len, unless set
-    there, becomes the composed value capped by the checkpoint's max_position_embeddings (a 512-position
-    checkpoint under model=qwen3 serves 512 tokens, not an error about a value the user never wrote)."""
+def _fill_from_checkpoint(raw: dict[str, Any], explicit: set[str], problems: list[Problem]) -> dict[str, str]:
+    """When model.path is set, the checkpoint's config.json gives the shape fields (HF keys from ModelArgs'
+    metadata) and the checkpoint names the model (its Hub id or directory name); a field set explicitly on the
+    command line still wins. A shape key missing from config.json is an error (not the group's value, silently);
+    other missing keys take transformers' defaults. max_model_len, unless set there, becomes the composed value
+    capped by the checkpoint's max_position_embeddings (a 512-position checkpoint under model=qwen3 serves 512
+    tokens, not an error about a value the user never wrote). model.path may be a Hub id in the local Hugging
+    Face cache; it becomes the snapshot's directory. Missing shape keys are appended to `problems`. Returns
+    {dotted field: config.json} for the fields read from the file, so problems with their values can name it."""
     model = raw.get("model")
     if not isinstance(model, dict) or not model.get("path"):
-        return
-    path = os.path.expanduser(str(model["path"]))
+        return {}
+    given = str(model["path"])
+    try:
+        path = checkpoint_dir(given)
+    except CheckpointError as e:
+        raise ConfigError([("model.path", str(e))]) from None
     model["path"] = path
+    if "model.name" not in explicit:
+        model["name"] = checkpoint_name(given, path)
+    file = os.path.join(path, "config.json")
     data = _read_config_json(path)
-    types = field_types(ModelArgs)
-    problems: list[Problem] = []
-    for name, value in hf_values(ModelArgs, data).items():
+    missing = missing_shape_keys(data, explicit)
+    if missing:  # reported with any problems of the values that are there
+        problems.append(("model.path", missing_message(file, missing)))
+    present = hf_values(ModelArgs, data)
+    # A missing field keeps the group's value; problems with it are not this checkpoint's (MISSING drops them).
+    from_file: dict[str, str] = {f"model.{info.path}": MISSING for info in missing}
+    for name, value in hf_values(ModelArgs, data, defaults=True).items():
         if f"model.{name}" in explicit:
             continue
-        sub: list[Problem] = []
-        if convert(value, types[name], f"model.{name}", sub) is INVALID:
-            problems.extend((p, f"{m} (in {os.path.join(path, 'config.json')})") for p, m in sub)
         model[name] = value
-    if problems:
-        raise ConfigError(problems)
+        if name in present:
+            from_file[f"model.{name}"] = file
     positions = model.get("max_position_embeddings")
     if "model.max_model_len" not in explicit and isinstance(positions, int) and isinstance(
         model.get("max_model_len"), int
     ):
         model["max_model_len"] = min(model["max_model_len"], positions)
+    return from_file
+
+
+def _blame_file(problems: list[Problem], from_file: dict[str, str]) -> list[Problem]:
+    """Problems with values read from config.json (a bad type, a failed validator, a cross-field rule) say so;
+    those of shape fields config.json lacks (already reported) are dropped."""
+    out = []
+    for path, message in problems:
+        file = from_file.get(path)
+        if file == MISSING:
+            continue
+        out.append((path, f"{message} (in {file})" if file and file not in message else message))
+    return out
 
 
 def _read_config_json(path: str) -> dict[str, Any]:
     file = os.path.join(path, "config.json")
-    if not os.path.isdir(path):
-        raise ConfigError([("model.path", f"no such directory: {path!r} (expected an HF checkpoint directory)")])
     if not os.path.isfile(file):
         raise ConfigError([("model.path", f"{file}: not found (an HF checkpoint directory holds config.json)")])
     try:

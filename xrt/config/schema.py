@@ -49,8 +49,18 @@ class ExecutorKind(enum.Enum):
 @attrs.define
 class ModelArgs:
     # Defaults are the qwen3-tiny shape, so a bare ModelArgs() names and describes the same model.
-    name: str = field("qwen3-tiny", help="model name; qwen3-tiny is made on first use when no path is given")
-    path: str = field("", help="HF checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    # With model.path, config.json gives every `hf` field: the shape keys must be there (a checkpoint without
+    # them is refused); a missing key with an `hf_default` takes transformers' Qwen3Config default, as loading
+    # the checkpoint with transformers would (checked against Qwen3Config in tests/models).
+    name: str = field(
+        "qwen3-tiny",
+        help="model name; qwen3-tiny is made on first use when no path is given; with model.path, unless set: the "
+        "checkpoint's Hub id or directory name",
+    )
+    path: str = field(
+        "", help="HF checkpoint directory (config.json, *.safetensors, tokenizer.json), or a Hub id (org/name) in "
+        "the local Hugging Face cache"
+    )
     load_format: LoadFormat = field(
         LoadFormat.AUTO, help="auto: safetensors when a checkpoint exists; dummy: random weights, no files"
     )
@@ -63,13 +73,17 @@ class ModelArgs:
     num_key_value_heads: int = field(2, help="key/value heads (GQA)", hf="num_key_value_heads", validator=gt(0))
     head_dim: int = field(16, help="per-head dimension", hf="head_dim", validator=gt(0))
     rope_theta: float = field(
-        10000.0, help="RoPE base", hf=("rope_theta", "rope_parameters.rope_theta"), validator=gt(0)
+        10000.0, help="RoPE base", hf=("rope_theta", "rope_parameters.rope_theta"), hf_default=10000.0,
+        validator=gt(0),
     )
-    rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", validator=gt(0))
+    rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", hf_default=1e-6, validator=gt(0))
     max_position_embeddings: int = field(
-        2048, help="longest position the model supports", hf="max_position_embeddings", validator=gt(0)
+        2048, help="longest position the model supports", hf="max_position_embeddings", hf_default=32768,
+        validator=gt(0),
     )
-    tie_word_embeddings: bool = field(True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings")
+    tie_word_embeddings: bool = field(
+        True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings", hf_default=False
+    )
     max_model_len: int = field(
         1024,
         help="longest sequence (prompt + output) served; unless set on the command line, capped by the "

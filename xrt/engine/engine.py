@@ -33,6 +33,7 @@ from xrt.engine.tokenizer import Tokenizer
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import PendingTokens, Runner
 from xrt.kvcache.manager import KVCacheManager
+from xrt.models.errors import CheckpointError
 
 Prompt = str | list[int]
 
@@ -60,6 +61,12 @@ class LLMEngine:
         ckpt = runner.checkpoint_dir
         if tokenizer is None and ckpt and os.path.exists(os.path.join(ckpt, "tokenizer.json")):
             tokenizer = Tokenizer(ckpt)
+            if tokenizer.vocab_size > runner.vocab_size:
+                # Its ids past the embedding would index out of range in the first forward pass.
+                raise CheckpointError(
+                    f"{tokenizer.path}: {tokenizer.vocab_size} tokens, more than the model's vocab_size="
+                    f"{runner.vocab_size} (config.json)"
+                )
         self.tokenizer = tokenizer
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else []
         self.max_model_len = runner.max_model_len

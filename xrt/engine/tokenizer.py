@@ -7,9 +7,11 @@ import json
 import os
 from typing import Any
 
+import jinja2
 import tokenizers
 
 from xrt.engine.detokenizer import IncrementalDetokenizer
+from xrt.models.errors import CheckpointError
 
 Message = dict[str, Any]
 
@@ -23,6 +25,11 @@ def _read_json(path: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     return data if isinstance(data, dict) else {}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -46,7 +53,11 @@ class Tokenizer:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: missing; the checkpoint needs a tokenizer.json")
         self.checkpoint_dir = checkpoint_dir
-        self._tok = tokenizers.Tokenizer.from_file(path)
+        self.path = path
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception for unreadable or malformed files
+            raise CheckpointError(f"{path}: not a valid tokenizer.json ({_first_line(e)})") from None
         self.config = _read_json(os.path.join(checkpoint_dir, "tokenizer_config.json"))
         gen = _read_json(os.path.join(checkpoint_dir, "generation_config.json"))
         model = _read_json(os.path.join(checkpoint_dir, "config.json"))
@@ -71,10 +82,17 @@ class Tokenizer:
         return IncrementalDetokenizer(self.decode, num_prompt_tokens)
 
     def chat_template(self) -> str:
+        return self._chat_template()[0]
+
+    def _chat_template(self) -> tuple[str, str]:
+        """(template, the file it comes from)."""
         path = os.path.join(self.checkpoint_dir, "chat_template.jinja")
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                return f.read()
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return f.read(), path
+            except UnicodeDecodeError as e:
+                raise CheckpointError(f"{path}: not UTF-8 text ({e})") from None
         template = self.config.get("chat_template")
         if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -84,7 +102,7 @@ class Tokenizer:
                 f"{self.checkpoint_dir}: no chat template (expected tokenizer_config.json 'chat_template' "
                 "or chat_template.jinja)"
             )
-        return template
+        return template, os.path.join(self.checkpoint_dir, "tokenizer_config.json")
 
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         from xrt.engine.chat_template import render_chat_template
@@ -93,6 +111,11 @@ class Tokenizer:
             name: _token_text(self.config.get(name))
             for name in ("bos_token", "eos_token", "pad_token", "unk_token")
         }
-        return render_chat_template(
-            self.chat_template(), messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
-        )
+        template, source = self._chat_template()
+        try:
+            return render_chat_template(
+                template, messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
+            )
+        except jinja2.TemplateError as e:  # a template that does not parse or fails while rendering
+            line = f"line {e.lineno}: " if isinstance(e, jinja2.TemplateSyntaxError) else ""
+            raise CheckpointError(f"{source}: invalid chat template ({line}{_first_line(e)})") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 
 import torch
 
@@ -32,7 +33,9 @@ from xrt.kvcache.device import DeviceKVCache, KVLayout
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
 from xrt.models.checkpoint import resolve_checkpoint
-from xrt.models.loader import CheckpointError, iter_weights, read_hf_config
+from xrt.models.errors import CheckpointError, TensorError
+from xrt.models.hf_config import check_shape_keys
+from xrt.models.loader import file_of, iter_weights, read_hf_config
 from xrt.models.qwen3 import Qwen3ForCausalLM
 from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_class
 from xrt.ops.parallel_state import init_tp
@@ -98,8 +101,11 @@ class ModelRunner:
         model = model_class(arch)(self.cfg.model, self.dtype, self.device)
         if self.checkpoint_dir is None:
             model.init_dummy(self.cfg.seed)
-        else:
-            model.load_weights(iter_weights(self.checkpoint_dir, self.dtype))
+            return model.eval()
+        try:
+            model.load_weights(iter_weights(self.checkpoint_dir, self.dtype, device=self.device))
+        except TensorError as e:  # the model knows the tensor, not the file it came from
+            raise CheckpointError(f"{file_of(self.checkpoint_dir, e.tensor)}: tensor {e}") from None
         return model.eval()
 
     def _prefill_reserve(self, shapes: PrefillShapes) -> KVReserve:
@@ -182,9 +188,14 @@ class ModelRunner:
 
 
 def check_matches_checkpoint(args: ModelArgs, hf_config: dict, path: str) -> None:
-    """A config built in code must describe the checkpoint it loads (the CLI fills it from config.json)."""
-    for name, value in hf_values(ModelArgs, hf_config).items():
+    """A config built in code must describe the checkpoint it loads (the CLI fills it from config.json). A key
+    config.json lacks is compared with transformers' default for it; a shape key it lacks is an error."""
+    file = os.path.join(path, "config.json")
+    check_shape_keys(file, hf_config)
+    present = hf_values(ModelArgs, hf_config)
+    for name, value in hf_values(ModelArgs, hf_config, defaults=True).items():
         ours = getattr(args, name)
         same = math.isclose(float(ours), float(value), rel_tol=1e-9) if isinstance(ours, float) else ours == value
         if not same:
-            raise CheckpointError(f"model.{name}: {ours!r} does not match {value!r} in {path}/config.json")
+            where = f"in {file}" if name in present else f"(transformers' default: {file} has no such key)"
+            raise CheckpointError(f"model.{name}: {ours!r} does not match {value!r} {where}")

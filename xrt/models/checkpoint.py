@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from xrt.config import LoadFormat, ModelArgs
-from xrt.models.loader import CheckpointError
+from xrt.models.errors import CheckpointError
+from xrt.models.hub import checkpoint_dir
 from xrt.models.tiny import is_tiny_checkpoint, make_tiny_checkpoint, tiny_fingerprint
 
 __all__ = ["CheckpointError", "cache_dir", "resolve_checkpoint", "TINY_NAME", "TINY_SEED"]
@@ -28,16 +29,15 @@ def tiny_checkpoint_dir(model: ModelArgs) -> str:
 
 
 def resolve_checkpoint(model: ModelArgs) -> str | None:
-    """The checkpoint directory for `model`, or None for dummy weights."""
+    """The checkpoint directory for `model` (model.path, or the cached snapshot of the Hub id it spells; the tiny
+    checkpoint, made on first use), or None for dummy weights."""
     if model.load_format is LoadFormat.DUMMY:
         return None
     if model.path:
-        path = os.path.expanduser(model.path)
-        if not os.path.exists(path):
-            raise CheckpointError(f"model.path: {model.path} does not exist")
-        if not os.path.isdir(path):
-            raise CheckpointError(f"model.path: {model.path} is not a directory (expected an HF checkpoint directory)")
-        return path
+        try:
+            return checkpoint_dir(model.path)
+        except CheckpointError as e:
+            raise CheckpointError(f"model.path: {e}") from None
     if model.name == TINY_NAME:
         path = tiny_checkpoint_dir(model)
         if not is_tiny_checkpoint(path):

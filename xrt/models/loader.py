@@ -11,13 +11,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from xrt.models.errors import CheckpointError
+from xrt.models.tensor_checks import check_finite, check_floating
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or file a user pointed at is missing or unreadable."""
 
 
 def _check_dir(path: str) -> None:
@@ -77,8 +76,24 @@ def _open(file: str) -> safe_open:
         raise CheckpointError(f"{file}: truncated or corrupt safetensors file ({e})") from None
 
 
-def iter_weights(path: str, dtype: torch.dtype, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF tensor name, tensor) for every weight in the checkpoint at `path`, floating tensors cast to dtype."""
+def file_of(path: str, name: str) -> str:
+    """The file of the checkpoint at `path` that holds (or should hold) tensor `name`: its shard, or the index when
+    no shard lists it, or the single file."""
+    index = os.path.join(path, INDEX_FILE)
+    if not os.path.isfile(index):
+        return os.path.join(path, SINGLE_FILE)
+    data = _read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    shard = weight_map.get(name) if isinstance(weight_map, dict) else None
+    return os.path.join(path, str(shard)) if shard else index
+
+
+def iter_weights(
+    path: str, dtype: torch.dtype, progress: bool = True, device: torch.device | str = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF tensor name, tensor) for every weight in the checkpoint at `path`, cast to dtype and moved to
+    `device`. A tensor that is not floating point, or holds NaN or inf, raises CheckpointError naming its file.
+    The finiteness check runs on `device` (cheap on a GPU); the model's weight loaders then copy device to device."""
     plan = shard_plan(path)
     handles = {file: _open(file) for file in plan}
     for file, names in plan.items():
@@ -97,8 +112,9 @@ def iter_weights(path: str, dtype: torch.dtype, progress: bool = True) -> Iterat
                     tensor = handle.get_tensor(name)
                 except (SafetensorError, OSError) as e:
                     raise CheckpointError(f"{file}: truncated or corrupt safetensors file ({e})") from None
-                if tensor.is_floating_point():
-                    tensor = tensor.to(dtype)
+                check_floating(file, name, tensor)
+                tensor = tensor.to(dtype).to(device)
+                check_finite(file, name, tensor)
                 yield name, tensor
                 bar.update(1)
             del handle

@@ -15,7 +15,7 @@ from xrt.layers.mlp import GatedMLP
 from xrt.layers.norm import RMSNorm
 from xrt.layers.rotary import RotaryEmbedding
 from xrt.layers.weights import WeightShapeError, default_weight_loader
-from xrt.models.loader import CheckpointError
+from xrt.models.errors import TensorError
 
 # Checkpoint tensors with no parameter here that are safe to skip (recomputed, not learned).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -130,9 +130,7 @@ class Qwen3ForCausalLM(nn.Module):
             if target is None:
                 if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.args.tie_word_embeddings):
                     continue
-                raise CheckpointError(
-                    f"{name}: unexpected tensor in checkpoint (no such parameter in {type(self).__name__})"
-                )
+                raise TensorError(name, f"unexpected tensor in checkpoint (no such parameter in {type(self).__name__})")
             pname, shard = target
             param = params[pname]
             loader = getattr(param, "weight_loader", default_weight_loader)
@@ -142,12 +140,12 @@ class Qwen3ForCausalLM(nn.Module):
                 else:
                     loader(param, tensor, shard)
             except WeightShapeError as e:
-                raise CheckpointError(f"{name}: {e}") from None
+                raise TensorError(name, str(e)) from None
             loaded.add(name)
         missing = [name for name in targets if name not in loaded]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise CheckpointError(f"{missing[0]}: missing from checkpoint{more}")
+            raise TensorError(missing[0], f"missing from checkpoint{more}")
 
     def init_dummy(self, seed: int) -> None:
         """Random weights for load_format=dummy: normal(0, 0.02), RMSNorm weights 1."""

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from xrt.reflect.errors import join_path
-from xrt.reflect.field import help_of, hf_keys_of, unit_of
+from xrt.reflect.field import help_of, hf_default_of, hf_keys_of, unit_of
 from xrt.reflect.types import field_types, is_config_class
 
 
@@ -21,6 +21,7 @@ class FieldInfo:
     help: str
     unit: str | None
     hf: tuple[str, ...]
+    hf_default: Any  # attrs.NOTHING: config.json must hold one of the `hf` keys
     attribute: attrs.Attribute
     owner: type
 
@@ -53,6 +54,7 @@ def fields_of(cls: type, prefix: str = "") -> list[FieldInfo]:
             help=help_of(a),
             unit=unit_of(a),
             hf=hf_keys_of(a),
+            hf_default=hf_default_of(a),
             attribute=a,
             owner=cls,
         )
