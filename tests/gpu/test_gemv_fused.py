@@ -263,39 +263,34 @@ def check_model_decode(device: torch.device, monkeypatch: pytest.MonkeyPatch) ->
     norms but the first layer's input norm, every MLP activation) and without them (FUSE_PROLOGUES off):
     close logits (bf16 roundings of the norm and of the two kernels' sums in other orders, through 3 layers:
     ~4e-3 under the interpreter), the fused ops called exactly there, and never in the prefill."""
+    from op_log import XrtOpLog  # tests/op_log.py: the layers call torch.ops.xrt.*, a dispatch mode sees each call
+
     import xrt.layers.linear as linear_layers
-    import xrt.layers.norm as norm_layers
     from xrt.executor.step import SeqChunk, StepInput
 
     runner = tiny_runner(device)
     layers = runner.model.args.num_hidden_layers
-    calls = {"norm": 0, "silu": 0}
 
-    def spy(module: ModuleType, name: str, key: str) -> None:
-        real = getattr(module, name)
+    def fused_calls(log: XrtOpLog) -> dict[str, int]:
+        return {"norm": log.calls.count("add_rms_norm_linear"), "silu": log.calls.count("silu_and_mul_linear")}
 
-        def counted(*args: object) -> object:
-            calls[key] += 1
-            return real(*args)
-
-        monkeypatch.setattr(module, name, counted)
-
-    spy(norm_layers, "add_rms_norm_linear", "norm")
-    spy(linear_layers, "silu_and_mul_linear", "silu")
     prompts = [[(7 * i + j) % 2000 + 1 for j in range(3 + 2 * i)] for i in range(8)]
     tables = [list(range(6 * i, 6 * i + 6)) for i in range(8)]
-    prefill = runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))
-    assert calls == {"norm": 0, "silu": 0}, "the prefill (> 8 rows) must run unfused"
+    with XrtOpLog() as log:
+        prefill = runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))
+    assert fused_calls(log) == {"norm": 0, "silu": 0}, "the prefill (> 8 rows) must run unfused"
     next_tokens = prefill.argmax(dim=-1).tolist()
     for batch in (1, 3, 8):
         step = StepInput(False, [SeqChunk([next_tokens[i]], len(prompts[i]), tables[i]) for i in range(batch)])
         monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", False)
-        unfused = runner.execute(step)
-        assert calls == {"norm": 0, "silu": 0}
+        with XrtOpLog() as log:
+            unfused = runner.execute(step)
+        assert fused_calls(log) == {"norm": 0, "silu": 0}
         monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", True)
-        fused = runner.execute(step)  # rewrites the same KV slots
+        with XrtOpLog() as log:
+            fused = runner.execute(step)  # rewrites the same KV slots
+        calls = fused_calls(log)
         assert calls == {"norm": 2 * layers - 1, "silu": layers}, f"batch {batch}: fused ops called {calls}"
-        calls.update(norm=0, silu=0)
         err = rel_err(fused, unfused)
         assert err < 2e-2, f"batch {batch}: fused logits relative error {err:.3e} to unfused"
 

@@ -13,12 +13,17 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1) -> int:
     """One job of a (multi)run; job 0 starts results.jsonl afresh, later jobs append to it."""
     from xrt.bench.report import regenerate
     from xrt.bench.results import read_records, write_records
-    from xrt.bench.setup import BenchError
+    from xrt.bench.setup import BenchError, cpu_warning
+    from xrt.executor.device import resolve_device
+    from xrt.log import get_logger
 
     def progress(line: str) -> None:
         print(line, flush=True)
 
     out_dir = Path(cfg.bench.out_dir)
+    warning = cpu_warning(cfg, resolve_device(cfg).type)
+    if warning:
+        get_logger(__name__).warning(warning)
     try:
         if cfg.bench.scenario is BenchScenario.LATENCY:
             from xrt.bench.latency import run_latency
