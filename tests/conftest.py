@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from interpret_guard import register as register_interpret_guard
 
 from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
 from xrt.executor.interface import PendingTokens
@@ -89,6 +90,10 @@ def device() -> torch.device:
 
 
 # ---------------------------------------------------------------- shared fixtures
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_interpret_guard(config)  # XRT_REQUIRE_TRITON=1 (CI): fail when the Triton interpreter tests skip
 
 
 @pytest.fixture(scope="session")

@@ -63,9 +63,14 @@ def test_tensors_are_converted_to_dtype(single: str, dtype: torch.dtype) -> None
         assert torch.equal(t, stored[name].to(dtype))
 
 
-def test_no_progress_output_when_stderr_is_not_a_tty(single: str, capfd: pytest.CaptureFixture[str]) -> None:
-    list(iter_weights(single, torch.float32, progress=True))
-    assert "Loading weights" not in capfd.readouterr().err
+def test_progress_is_a_log_line_not_a_bar_when_stderr_is_not_a_tty(
+    single: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    n = len(list(iter_weights(single, torch.float32, progress=True)))
+    err = capfd.readouterr().err
+    assert "\r" not in err and f"[xrt] loading weights: {n}/{n} tensors, " in err
+    list(iter_weights(single, torch.float32, progress=False))
+    assert capfd.readouterr().err == ""
 
 
 def test_missing_directory_names_it(tmp_path) -> None:

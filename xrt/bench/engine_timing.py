@@ -108,5 +108,7 @@ def summarize(runs: list[RunTiming]) -> dict[str, Any]:
         "tpot_wall_ms": _median([r.tpot_wall_ms for r in runs]),
         "ttft_ms_all": [r.ttft_ms for r in runs],
         "tpot_ms_all": [r.tpot_ms for r in runs],
+        "ttft_wall_ms_all": [r.ttft_wall_ms for r in runs],
+        "tpot_wall_ms_all": [r.tpot_wall_ms for r in runs],
         "prefill_steps": max(r.prefill_steps for r in runs),
     }

@@ -7,6 +7,9 @@ import copy
 from xrt.config import BenchScenario, ExecutorArgs, ExecutorKind, XrtConfig
 from xrt.executor.buckets import Buckets
 
+TINY_MODEL = "qwen3-tiny"
+CPU_RUN = "model=qwen3-tiny model.dtype=float32 bench.input_len=8 bench.output_len=4 bench.batch=[1,2]"
+
 
 class BenchError(ValueError):
     """A bench setting that cannot be measured; the message is one line naming the field."""
@@ -39,3 +42,12 @@ def decode_bucket(ex: ExecutorArgs, batch: int) -> int | None:
     if ex.kind is not ExecutorKind.CUDAGRAPH:
         return None
     return Buckets.from_args(ex).bucket_for(batch)
+
+
+def cpu_warning(cfg: XrtConfig, device_type: str) -> str | None:
+    """One line for `xrt bench` on a CPU with any model but the tiny one: conf/bench.yaml's protocol (Qwen3-0.6B,
+    input 1024, output 256, batches up to 100) is sized for a GPU and would take hours there. None otherwise."""
+    if device_type != "cpu" or cfg.model.name == TINY_MODEL or cfg.bench.scenario is BenchScenario.KERNELS:
+        return None
+    return (f"bench on a CPU: the benchmark protocol (model {cfg.model.name}) is sized for a GPU and may take hours "
+            f"here; for a CPU run use model={TINY_MODEL}, e.g. `python -m xrt bench {CPU_RUN}`")

@@ -65,6 +65,14 @@ def _ratio(x: Any) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
+def _spread(r: Record, name: str) -> str:
+    """The median and, over two or more timed runs, their range: `1.507 (1.231–1.782)`."""
+    runs = [x for x in r.get(f"{name}_all") or [] if x is not None]
+    if len(runs) < 2:
+        return _ms(r[name])
+    return f"{_ms(r[name])} ({_ms(min(runs))}–{_ms(max(runs))})"
+
+
 def _pair(a: Any, b: Any) -> str:
     return "–" if a is None and b is None else f"{_ms(a)} / {_ms(b)}"
 
@@ -79,8 +87,9 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
         f"torch {head['torch']}, commit {head['git_commit']}, warm-up {head['warmup']}, "
         f"median of {head['iters']}; copy bandwidth {head.get('bandwidth_gbps') or 0:.0f} GB/s.",
         "",
-        "| executor | batch | bucket | TTFT ms | TPOT ms | HF TTFT ms | HF TPOT ms | HF/ours TTFT | HF/ours TPOT "
-        "| xLLM py_graph TTFT / TPOT | xLLM cpp_graph TTFT / TPOT | floor ms | % of floor |",
+        "| executor | batch | bucket | TTFT ms (min–max) | TPOT ms (min–max) | HF TTFT ms | HF TPOT ms "
+        "| HF/ours TTFT | HF/ours TPOT | xLLM py_graph TTFT / TPOT | xLLM cpp_graph TTFT / TPOT | floor ms "
+        "| % of floor |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
@@ -91,7 +100,7 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
             continue
         pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
         lines.append(
-            f"| {r['label']} | {r['batch']} | {bucket} | {_ms(r['ttft_ms'])} | {_ms(r['tpot_ms'])} "
+            f"| {r['label']} | {r['batch']} | {bucket} | {_spread(r, 'ttft_ms')} | {_spread(r, 'tpot_ms')} "
             f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "
             f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
             f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "
@@ -120,9 +129,10 @@ def _throughput_table(rows: list[Record]) -> list[str]:
 
 NOTES = [
     "TTFT: wall time of the prefill of the whole batch (until every sequence has its first token). "
-    "TPOT: mean decode step. HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; "
-    "HF/ours > 1 means we are faster. xLLM: published H100 figures (PR 1891), shown only for input 1024 / "
-    "output 256. floor: (weight bytes + KV bytes read by a mean decode step) / measured copy bandwidth; "
+    "TPOT: mean decode step. TTFT and TPOT are the median of the timed runs, (min–max) across them. "
+    "HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; HF/ours > 1 means we are faster. "
+    "xLLM: published H100 figures (PR 1891), shown only for input 1024 / output 256. "
+    "floor: (weight bytes + KV bytes read by a mean decode step) / measured copy bandwidth; "
     "% of floor = floor / TPOT.",
 ]
 

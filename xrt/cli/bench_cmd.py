@@ -15,8 +15,10 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1, fresh: bool | None = N
     appends to it and reuses the peer figures earlier jobs of the sweep wrote there."""
     from xrt.bench.report import regenerate
     from xrt.bench.results import read_records, write_records
-    from xrt.bench.setup import BenchError
+    from xrt.bench.setup import BenchError, cpu_warning
     from xrt.cli.paths import out_dir_problems
+    from xrt.executor.device import resolve_device
+    from xrt.log import get_logger
 
     def progress(line: str) -> None:
         print(line, flush=True)
@@ -27,6 +29,9 @@ def main(cfg: XrtConfig, job: int = 0, num_jobs: int = 1, fresh: bool | None = N
         print(f"error: {path}: {message}", file=sys.stderr)
         return 2
     out_dir = Path(cfg.bench.out_dir)
+    warning = cpu_warning(cfg, resolve_device(cfg).type)
+    if warning:
+        get_logger(__name__).warning(warning)
     try:
         if cfg.bench.scenario is BenchScenario.LATENCY:
             from xrt.bench.latency import run_latency

@@ -50,7 +50,9 @@ class BenchArgs:
     input_len: int = field(1024, help="prompt tokens per request", unit="tokens", validator=ge(1))
     output_len: int = field(256, help="generated tokens per request", unit="tokens", validator=ge(1))
     warmup: int = field(1, help="untimed repetitions before measuring", validator=ge(0))
-    iters: int = field(3, help="timed repetitions; the median is reported", validator=ge(1))
+    iters: int = field(
+        3, help="timed repetitions; the median is reported, with their min-max in results.md", validator=ge(1)
+    )
     peer: BenchPeer = field(BenchPeer.NONE, help="hf: also run HF transformers with the same shape and weights")
     num_requests: int = field(256, help="throughput scenario: requests submitted at once", validator=ge(1))
     min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))

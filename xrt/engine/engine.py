@@ -55,12 +55,16 @@ class LLMEngine:
         self.cfg = cfg
         if runner is None:
             from xrt.executor.factory import build_runner
+            from xrt.models.checkpoint import resolve_checkpoint
 
+            # The tokenizer first: a corrupt tokenizer.json or chat template fails in milliseconds, not after
+            # the weights load.
+            tokenizer = tokenizer or _checkpoint_tokenizer(resolve_checkpoint(cfg.model), cfg.chat)
             runner = build_runner(cfg)
         self.runner = runner
-        ckpt = runner.checkpoint_dir
-        if tokenizer is None and ckpt and os.path.exists(os.path.join(ckpt, "tokenizer.json")):
-            tokenizer = Tokenizer(ckpt)
+        if tokenizer is None:
+            tokenizer = _checkpoint_tokenizer(runner.checkpoint_dir, cfg.chat)
+        if isinstance(tokenizer, Tokenizer):
             if tokenizer.vocab_size > runner.vocab_size:
                 # Its ids past the embedding would index out of range in the first forward pass.
                 raise CheckpointError(
@@ -197,3 +201,14 @@ class LLMEngine:
     @property
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
+
+
+def _checkpoint_tokenizer(checkpoint_dir: str | None, chat: bool) -> Tokenizer | None:
+    """The checkpoint's tokenizer.json, if it has one (dummy weights have none); with `chat`, its chat template
+    checked too."""
+    if not checkpoint_dir or not os.path.exists(os.path.join(checkpoint_dir, "tokenizer.json")):
+        return None
+    tokenizer = Tokenizer(checkpoint_dir)
+    if chat:
+        tokenizer.check_chat_template()
+    return tokenizer

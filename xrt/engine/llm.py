@@ -6,14 +6,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tqdm import tqdm
-
 from xrt.config import SamplingArgs, XrtConfig
 from xrt.engine.engine import LLMEngine, Prompt
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.tokenizer import Message, Tokenizer
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import Runner
+from xrt.progress import Progress
 
 SamplingLike = SamplingArgs | dict[str, Any] | None
 
@@ -66,7 +65,7 @@ class LLM:
         wanted = set(ids)
         start = time.perf_counter()
         generated = 0
-        with tqdm(total=len(prompts), desc="Generating", unit="req", disable=not show, dynamic_ncols=True) as bar:
+        with Progress(len(prompts), "generating", "request", show=show) as bar:
             while self.engine.has_unfinished() and len(results) < len(wanted):
                 for out in self.engine.step():
                     if out.request_id in wanted:
@@ -75,7 +74,7 @@ class LLM:
                             on_output(out)
                         generated += len(out.token_ids)
                         bar.update(1)
-                        bar.set_postfix(tok_s=f"{generated / max(time.perf_counter() - start, 1e-9):.1f}")
+                        bar.set_postfix(f"tok_s={generated / max(time.perf_counter() - start, 1e-9):.1f}")
         return [results[i] for i in ids]
 
     def apply_chat_template(self, messages: list[Message], **kwargs: Any) -> str:

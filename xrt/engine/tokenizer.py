@@ -104,6 +104,10 @@ class Tokenizer:
             )
         return template, os.path.join(self.checkpoint_dir, "tokenizer_config.json")
 
+    def check_chat_template(self) -> None:
+        """Raise what apply_chat_template would for a template that cannot render (one user message)."""
+        self.apply_chat_template([{"role": "user", "content": "check"}])
+
     def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         from xrt.engine.chat_template import render_chat_template
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from xrt.config import LoadFormat, ModelArgs
+from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
 from xrt.models.hub import checkpoint_dir
 from xrt.models.tiny import is_tiny_checkpoint, make_tiny_checkpoint, tiny_fingerprint
@@ -42,6 +43,7 @@ def resolve_checkpoint(model: ModelArgs) -> str | None:
         path = tiny_checkpoint_dir(model)
         if not is_tiny_checkpoint(path):
             make_tiny_checkpoint(path, model, TINY_SEED)
+            get_logger(__name__).info("wrote the tiny Qwen3 checkpoint to %s", path)
         return path
     raise CheckpointError(
         f"model.path: empty for model.name={model.name}; set model.path to an HF checkpoint directory "

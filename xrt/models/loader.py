@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
-from tqdm import tqdm
 
 from xrt.models.errors import CheckpointError
 from xrt.models.tensor_checks import check_finite, check_floating
+from xrt.progress import Progress
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -88,20 +87,35 @@ def file_of(path: str, name: str) -> str:
     return os.path.join(path, str(shard)) if shard else index
 
 
+def tensor_bytes(file: str) -> dict[str, int]:
+    """Bytes of each tensor in a safetensors file, from its header (no tensor is read); {} when unreadable."""
+    try:
+        with open(file, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        return {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return {}
+
+
 def iter_weights(
     path: str, dtype: torch.dtype, progress: bool = True, device: torch.device | str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF tensor name, tensor) for every weight in the checkpoint at `path`, cast to dtype and moved to
     `device`. A tensor that is not floating point, or holds NaN or inf, raises CheckpointError naming its file.
-    The finiteness check runs on `device` (cheap on a GPU); the model's weight loaders then copy device to device."""
+    The finiteness check runs on `device` (cheap on a GPU); the model's weight loaders then copy device to device.
+    progress: a bar on a terminal, else log lines (xrt.progress): tensors and bytes read of the total."""
     plan = shard_plan(path)
     handles = {file: _open(file) for file in plan}
     for file, names in plan.items():
         if not names:
             plan[file] = list(handles[file].keys())
     total = sum(len(names) for names in plan.values())
-    show = progress and sys.stderr.isatty()
-    with tqdm(total=total, desc="Loading weights", unit="tensor", file=sys.stderr, disable=not show) as bar:
+    sizes: dict[str, int] = {}
+    if progress:
+        for file, names in plan.items():
+            in_file = tensor_bytes(file)
+            sizes.update({name: in_file.get(name, 0) for name in names})
+    with Progress(total, "loading weights", "tensor", total_bytes=sum(sizes.values()), show=progress) as bar:
         for file, names in plan.items():
             handle = handles.pop(file)
             present = set(handle.keys())
@@ -116,5 +130,5 @@ def iter_weights(
                 tensor = tensor.to(dtype).to(device)
                 check_finite(file, name, tensor)
                 yield name, tensor
-                bar.update(1)
+                bar.update(1, sizes.get(name, 0))
             del handle

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
-from tqdm import tqdm
+
+from xrt.progress import Progress
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -126,7 +127,10 @@ def capture_each(
             prepare(key)
             strategy.warm_up(lambda key=key: body(key))
         strategy.synchronize()
-        for key in tqdm(keys, desc=desc, unit="graph", dynamic_ncols=True):
-            prepare(key)
-            out[key] = strategy.capture(lambda key=key: body(key))
+        # The caller logs the capture's summary: log lines only while a long capture runs, none at the end.
+        with Progress(len(keys), desc, "graph", final=False) as bar:
+            for key in keys:
+                prepare(key)
+                out[key] = strategy.capture(lambda key=key: body(key))
+                bar.update()
     return out

@@ -99,7 +99,7 @@ class DecodeGraphs:
             # Largest first: later (smaller) graphs reuse the shared pool's blocks.
             captured = capture_each(
                 parts.capture, sizes, self._prepare_capture, lambda b: self._body(b, metas[b]),
-                "Capturing decode CUDA graphs",
+                "capturing decode CUDA graphs",
             )
         self.graphs = {b: DecodeGraph(graph, logits) for b, (graph, logits) in captured.items()}
         log.info(

@@ -96,7 +96,7 @@ class PrefillGraphs:
             # Each graph's attention fixes its row count at its first preparation: always `tokens` rows.
             captured = capture_each(
                 parts.capture, shapes, self._prepare_capture, lambda shape: self._body(shape, metas[shape]),
-                "Capturing prefill CUDA graphs",
+                "capturing prefill CUDA graphs",
             )
         self.graphs = {shape: graph for shape, (graph, _) in captured.items()}
         log.info(
