@@ -81,17 +81,18 @@ def test_bad_prompts_file_is_one_clear_line(cfg: XrtConfig, tmp_path: Path, caps
     assert len(err) == 1 and err[0].startswith("error: prompts_file: ") and expected in err[0]
 
 
-def test_too_long_prompt_fails_alone_with_nonzero_exit(cfg: XrtConfig, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_too_long_prompt_stops_the_run_with_one_line(cfg: XrtConfig, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("short one\n" + "word " * 1100 + "\n")
     cfg.prompts_file = str(prompts)
-    assert main(cfg) == 1
+    assert main(cfg) == 2
     captured = capsys.readouterr()
-    assert "[0] 'short one' -> " in captured.out and "(6 tokens, length)" in captured.out
+    assert "short one" not in captured.out  # refused before anything ran
     err = [ln for ln in captured.err.strip().splitlines() if not ln.startswith("[xrt] ")]  # log lines aside
     assert len(err) == 1
-    assert err[0].startswith("error: request 1: prompt has ") and "model.max_model_len=1024" in err[0]
+    assert err[0].startswith(f"error: prompts_file: {prompts} line 2: prompt has ")
+    assert "model.max_model_len=1024" in err[0]
 
 
 def test_python_m_xrt_run_end_to_end(xrt_cache_dir: str, capsys: pytest.CaptureFixture[str]) -> None:

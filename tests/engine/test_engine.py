@@ -88,22 +88,26 @@ def test_prefix_hits_across_generate_calls(fake_runner: Callable, fake_cfg: Call
     assert again.token_ids == runner.reference_greedy(prompt + [3], 12)
 
 
-def test_too_long_prompt_fails_alone(fake_runner: Callable, fake_cfg: Callable) -> None:
+def test_a_prompt_that_can_never_run_is_refused_before_any_is_queued(fake_runner: Callable,
+                                                                      fake_cfg: Callable) -> None:
     runner = fake_runner(max_model_len=40)
     llm = LLM(fake_cfg(), runner=runner)
-    prompts = [[1, 2, 3], list(range(40)), [], [4, 5, 200]]
-    outs = llm.generate(prompts, GREEDY)
-    assert outs[0].error is None and outs[0].token_ids == runner.reference_greedy([1, 2, 3], 12)
-    assert outs[1].finish_reason == "error" and outs[1].token_ids == []
-    assert "request 1: prompt has 40 tokens; model.max_model_len=40" in (outs[1].error or "")
-    assert outs[2].finish_reason == "error" and "prompt is empty" in (outs[2].error or "")
-    assert outs[3].finish_reason == "error" and "token id 200 is outside the vocabulary" in (outs[3].error or "")
+    for bad, message in [
+        (list(range(40)), "prompts[1]: prompt has 40 tokens; model.max_model_len=40"),
+        ([], "prompts[1]: prompt is empty"),
+        ([4, 5, 200], "prompts[1]: token ids must be integers in [0, 97), got 200 at position 2"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            llm.generate([[1, 2, 3], bad], GREEDY)
+        assert str(e.value).startswith(message) and not llm.engine.has_unfinished()
+    (out,) = llm.generate([[1, 2, 3]], GREEDY)
+    assert out.error is None and out.token_ids == runner.reference_greedy([1, 2, 3], 12)
 
 
 def test_max_model_len_caps_generation(fake_runner: Callable, fake_cfg: Callable) -> None:
     runner = fake_runner(max_model_len=20)
     out = LLM(fake_cfg(), runner=runner).generate([list(range(15))], SamplingArgs(max_tokens=50, ignore_eos=True))[0]
-    assert out.finish_reason == "length" and len(out.token_ids) == 5
+    assert out.finish_reason == "context_length" and len(out.token_ids) == 5
 
 
 @pytest.mark.parametrize(
@@ -113,7 +117,7 @@ def test_max_model_len_caps_generation(fake_runner: Callable, fake_cfg: Callable
         ({"temperature": -1.0}, "sampling.temperature: must be >= 0, got -1"),
         ({"max_tokens": 0}, "sampling.max_tokens: must be >= 1, got 0"),
         ({"temprature": 1.0}, "sampling.temprature: unknown field"),
-        ({"stop": "abc"}, "sampling.stop: must be a list of strings"),
+        ({"stop": [None]}, "sampling.stop[0]: must be a string, got null"),
     ],
 )
 def test_impossible_sampling_is_rejected(fake_runner: Callable, fake_cfg: Callable, sampling: dict,

@@ -97,12 +97,14 @@ def test_too_long_prompt_fails_alone_while_the_rest_complete(
     cfg = diverse_cfg(cache=CacheArgs(num_pages=256))
     cfg.model.max_model_len = 64
     prompts = parity_prompts()
-    outs = LLM(cfg).generate([prompts[0], list(range(3, 67)), prompts[2]], SamplingArgs(max_tokens=NEW_TOKENS))
-    assert outs[1].finish_reason == "error" and outs[1].token_ids == []
-    assert outs[1].error == (
-        "request 1: prompt has 64 tokens; model.max_model_len=64 leaves no room to generate (at most 63 prompt tokens)"
+    llm = LLM(cfg)
+    with pytest.raises(ValueError) as e:
+        llm.generate([prompts[0], list(range(3, 67)), prompts[2]], SamplingArgs(max_tokens=NEW_TOKENS))
+    assert str(e.value) == (
+        "prompts[1]: prompt has 64 tokens; model.max_model_len=64 leaves no room to generate (at most 63 prompt tokens)"
     )
-    assert [outs[0].token_ids, outs[2].token_ids] == [hf_continuations[0], hf_continuations[2]]
+    outs = llm.generate([prompts[0], prompts[2]], SamplingArgs(max_tokens=NEW_TOKENS))
+    assert [outs[0].token_ids, outs[1].token_ids] == [hf_continuations[0], hf_continuations[2]]
 
 
 def test_text_prompts_and_chat_use_the_checkpoint_tokenizer(tiny_cfg: Callable[..., XrtConfig]) -> None:

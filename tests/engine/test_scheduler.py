@@ -150,11 +150,11 @@ def test_preemption_frees_the_newest_and_recomputes_it() -> None:
     assert again and again[-1].needs_logits and again[0].start_pos <= 4
 
 
-def test_a_sequence_that_fills_the_whole_cache_ends_with_length() -> None:
+def test_a_sequence_that_fills_the_whole_cache_ends_with_kv_cache() -> None:
     s = make(num_pages=2, budget=64)
     seq = add(s, 5, 0, max_tokens=100)
     drain(s)
-    assert seq.finish_reason == "length"
+    assert seq.finish_reason == "kv_cache"
     assert seq.num_tokens == 2 * PS + 1  # 8 slots computed; the last sampled token has nowhere to go
 
 

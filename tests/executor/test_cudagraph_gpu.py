@@ -93,7 +93,7 @@ def test_sequence_reaching_max_model_len(llms: tuple[object, object]) -> None:
     want = generations(eager, prompts, sampling)
     got = generations(graph, prompts, sampling)
     assert got == want
-    assert got[0][1] == "length" and len(prompts[0]) + len(got[0][0]) == MAX_MODEL_LEN
+    assert got[0][1] == "context_length" and len(prompts[0]) + len(got[0][0]) == MAX_MODEL_LEN
 
 
 def random_decode_step(batch: int, rng: random.Random) -> StepInput:

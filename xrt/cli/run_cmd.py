@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from xrt.cli.paths import output_problems
 from xrt.config import XrtConfig
+from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.reflect import ConfigError
 
@@ -33,8 +34,9 @@ def main(cfg: XrtConfig) -> int:
         for line in ConfigError(problems).lines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    sources: list[str] = []
     try:
-        prompts = read_prompts(cfg)
+        prompts, sources = read_prompts(cfg)
         from xrt.engine.llm import LLM
 
         llm = LLM(cfg)
@@ -53,7 +55,11 @@ def main(cfg: XrtConfig) -> int:
     except (ValueError, OSError) as e:
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        if isinstance(e, RequestError) and e.index is not None and e.index < len(sources):
+            # LLM.generate names the prompt by its index; the user wrote it in `prompt` or a file's line.
+            print(f"error: {sources[e.index]}: {e.message}", file=sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     for out in outputs:
         print_output(out)
@@ -72,24 +78,34 @@ def _as_text(prompt: Prompt) -> str:
     return prompt
 
 
-def read_prompts(cfg: XrtConfig) -> list[Prompt]:
+def read_prompts(cfg: XrtConfig) -> tuple[list[Prompt], list[str]]:
+    """The prompts, and where each came from as an error line names it (`prompt`, `prompts_file: f line 3`)."""
     if not cfg.prompts_file:
-        return [cfg.prompt]
+        return [cfg.prompt], ["prompt"]
     path = cfg.prompts_file
     if not os.path.isfile(path):
         raise RunInputError(f"prompts_file: no such file {path!r}")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise RunInputError(
+            f"prompts_file: {path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
     first = next((ln for ln in lines if ln.strip()), "")
     as_jsonl = path.endswith((".jsonl", ".json")) or first.lstrip().startswith("{")
     prompts: list[Prompt] = []
+    sources: list[str] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         prompts.append(_jsonl_prompt(path, number, line) if as_jsonl else line)
+        sources.append(f"prompts_file: {path} line {number}")
     if not prompts:
         raise RunInputError(f"prompts_file: {path!r} holds no prompts")
-    return prompts
+    return prompts, sources
 
 
 def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:

@@ -15,7 +15,12 @@ import attrs
 from xrt.config.bench import BenchArgs, ProfileArgs
 from xrt.config.problems import Problems
 from xrt.log import LEVELS
-from xrt.reflect import each, field, ge, gt, in_range, power_of_two
+from xrt.reflect import each, field, ge, gt, in_range, le, power_of_two
+
+# Token counts, positions and page ids reach the attention metadata and page tables as int32.
+INT32_MAX = 2**31 - 1
+# torch.Generator.manual_seed takes a uint64 (negative seeds wrap around: refused, so a seed means one thing).
+SEED_MAX = 2**64 - 1
 
 
 class Device(enum.Enum):
@@ -79,7 +84,7 @@ class ModelArgs:
     rms_norm_eps: float = field(1e-6, help="RMSNorm epsilon", hf="rms_norm_eps", hf_default=1e-6, validator=gt(0))
     max_position_embeddings: int = field(
         2048, help="longest position the model supports", hf="max_position_embeddings", hf_default=32768,
-        validator=gt(0),
+        validator=[gt(0), le(INT32_MAX)],
     )
     tie_word_embeddings: bool = field(
         True, help="lm_head shares the embedding matrix", hf="tie_word_embeddings", hf_default=False
@@ -89,7 +94,7 @@ class ModelArgs:
         help="longest sequence (prompt + output) served; unless set on the command line, capped by the "
         "checkpoint's max_position_embeddings when model.path is given",
         unit="tokens",
-        validator=gt(0),
+        validator=[gt(0), le(INT32_MAX)],
     )
 
     def check(self) -> Problems:
@@ -124,11 +129,13 @@ class ParallelArgs:
 @attrs.define
 class ExecutorArgs:
     kind: ExecutorKind = field(ExecutorKind.EAGER, help="eager: run the model directly; cudagraph: graph decode")
-    max_batch: int = field(128, help="largest decode batch captured as a CUDA graph", validator=ge(1))
+    max_batch: int = field(
+        128, help="largest decode batch captured as a CUDA graph", validator=[ge(1), le(INT32_MAX)]
+    )
     buckets: list[int] = field(
         factory=list,
         help="decode graph batch buckets; empty: 1, 2, 4, 8, then steps of 8 (to 32) and 16 up to max_batch",
-        validator=each(ge(1)),
+        validator=[each(ge(1)), each(le(INT32_MAX))],
     )
     capture_sampling: bool = field(True, help="capture lm_head and greedy argmax inside the decode graph")
     overlap: bool = field(
@@ -141,15 +148,17 @@ class ExecutorArgs:
         "prefill_graph_max_tokens tokens",
     )
     prefill_graph_max_tokens: int = field(
-        8192, help="largest prefill replayed as a CUDA graph (padding included)", unit="tokens", validator=ge(1)
+        8192, help="largest prefill replayed as a CUDA graph (padding included)", unit="tokens",
+        validator=[ge(1), le(INT32_MAX)],
     )
     prefill_graph_token_buckets: list[int] = field(
         factory=list,
         help="prefill graph token buckets; empty: 256, 512, 1024, ... doubling, capped at prefill_graph_max_tokens",
-        validator=each(ge(1)),
+        validator=[each(ge(1)), each(le(INT32_MAX))],
     )
     prefill_graph_max_seqs: int = field(
-        8, help="most sequences in a replayed prefill; graphs for 1, 2, 4, ... up to it", validator=ge(1)
+        8, help="most sequences in a replayed prefill; graphs for 1, 2, 4, ... up to it",
+        validator=[ge(1), le(INT32_MAX)],
     )
     pdl: bool = field(
         True,
@@ -196,7 +205,7 @@ class ExecutorArgs:
 
 @attrs.define
 class CacheArgs:
-    page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=power_of_two())
+    page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=[power_of_two(), le(2**30)])
     max_memory_utilization: float = field(
         0.9,
         help="fraction of total GPU memory the process may use; KV gets what is left after weights and activations",
@@ -204,14 +213,18 @@ class CacheArgs:
     )
     kv_size_gb: float = field(0.25, help="KV cache size on CPU (GPU sizes from max_memory_utilization)", unit="GB",
                               validator=gt(0))
-    num_pages: int = field(0, help="explicit number of KV pages; 0: derive from memory", validator=ge(0))
+    num_pages: int = field(
+        0, help="explicit number of KV pages; 0: derive from memory", validator=[ge(0), le(INT32_MAX)]
+    )
     prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
 
 
 @attrs.define
 class SchedulerArgs:
-    max_num_seqs: int = field(256, help="most sequences in one batch", validator=ge(1))
-    max_batched_tokens: int = field(8192, help="token budget of one prefill step", unit="tokens", validator=ge(1))
+    max_num_seqs: int = field(256, help="most sequences in one batch", validator=[ge(1), le(INT32_MAX)])
+    max_batched_tokens: int = field(
+        8192, help="token budget of one prefill step", unit="tokens", validator=[ge(1), le(INT32_MAX)]
+    )
     chunked_prefill: bool = field(True, help="split long prompts across steps under the token budget")
 
 
@@ -221,8 +234,15 @@ class SamplingArgs:
     top_k: int = field(0, help="keep the k most likely tokens; 0: all", validator=ge(0))
     top_p: float = field(1.0, help="keep the smallest set with this probability mass",
                          validator=in_range(0.0, 1.0, lo_open=True))
-    max_tokens: int = field(64, help="most tokens generated per request", validator=ge(1))
-    seed: int | None = field(None, help="per-request sampling seed; null: from the global seed")
+    max_tokens: int = field(
+        64,
+        help="most tokens generated per request; more than model.max_model_len leaves after the prompt: "
+        "generation stops there (finish_reason context_length, logged once)",
+        validator=ge(1),
+    )
+    seed: int | None = field(
+        None, help="per-request sampling seed; null: from the global seed", validator=in_range(0, SEED_MAX)
+    )
     ignore_eos: bool = field(False, help="keep generating past the end-of-sequence token")
     stop: list[str] = field(factory=list, help="stop strings; output ends before the first match")
 
@@ -239,7 +259,7 @@ class XrtConfig:
     profile: ProfileArgs = field(factory=ProfileArgs, help="`xrt profile`: where a step's time goes")
     device: Device = field(Device.AUTO, help="auto: cuda when present, else cpu")
     log_level: LogLevel = field(LogLevel.INFO, help="xrt's log lines on stderr (the CLI's -v: debug, -q: warning)")
-    seed: int = field(0, help="global seed (dummy weights, sampling)")
+    seed: int = field(0, help="global seed (dummy weights, sampling)", validator=in_range(0, SEED_MAX))
     prompt: str = field("Hello", help="run: the prompt to generate from")
     prompts_file: str = field("", help="run: JSONL ({\"prompt\": ...} per line) or text file, one prompt per line")
     output: str = field("", help="run: write generations as JSONL here")

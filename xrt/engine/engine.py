@@ -24,18 +24,30 @@ from typing import Any
 import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
+from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
 from xrt.engine.sequence import Sequence
 from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
+from xrt.engine.validate_prompts import Prompt, check_prompt
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import PendingTokens, Runner
 from xrt.kvcache.manager import KVCacheManager
+from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
 
-Prompt = str | list[int]
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request, ready to queue (`LLMEngine.check_request`, then `queue`)."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingArgs
+    prompt: str | None  # the text, for text prompts
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class LLMEngine:
         # executor.overlap=false turns overlapping off, to measure what it buys.
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
+        self._warned_max_tokens = False
         self.num_steps = 0
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
@@ -88,38 +101,60 @@ class LLMEngine:
     def add_request(
         self, prompt: Prompt, sampling: SamplingArgs | dict[str, Any] | None = None, *, add_special_tokens: bool = True
     ) -> int:
-        """Queues a request; returns its id. Invalid sampling raises ValueError; a prompt that can
-        never run becomes a finished request with finish_reason "error", returned by the next step()."""
+        """Queues a request; returns its id. A request that is invalid or can never run (see
+        `check_request`) raises RequestError (a ValueError) and queues nothing."""
         params = validate_sampling(sampling, self.cfg.sampling)
-        request_id = next(self._ids)
+        return self.queue(self.check_request(prompt, params, add_special_tokens=add_special_tokens))
+
+    def check_request(
+        self, prompt: object, sampling: SamplingArgs, *, add_special_tokens: bool = True, where: str = "prompt",
+        index: int | None = None,
+    ) -> Request:
+        """Tokenizes and checks one prompt (sampling already validated); RequestError naming `where` for
+        text that is not valid Unicode, token ids that are not ints in [0, vocab_size), an empty prompt,
+        or one that can never run: no room under model.max_model_len, more than the KV cache holds."""
+        checked = check_prompt(prompt, where, self.vocab_size, index)
         text: str | None = None
-        if isinstance(prompt, str):
+        if isinstance(checked, str):
             if self.tokenizer is None:
-                raise ValueError(
-                    "prompt: text prompts need the checkpoint's tokenizer.json (model.load_format=dummy has none); "
-                    "pass token ids instead"
+                raise RequestError(
+                    where,
+                    "text prompts need the checkpoint's tokenizer.json (model.load_format=dummy has none); "
+                    "pass token ids instead",
+                    index,
                 )
-            text = prompt
-            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+            text = checked
+            ids = self.tokenizer.encode(checked, add_special_tokens=add_special_tokens)
         else:
-            ids = [int(t) for t in prompt]
+            ids = checked
+        error = self.scheduler.admission_error(len(ids))
+        if error is not None:
+            raise RequestError(where, error, index)
+        return Request(ids, sampling, text)
+
+    def queue(self, request: Request) -> int:
+        """Queues a checked request; returns its id."""
+        request_id = next(self._ids)
+        params, ids = request.sampling, request.prompt_token_ids
+        left = self.max_model_len - len(ids)
+        if params.max_tokens > left and not self._warned_max_tokens:
+            # Once per engine: a batch of long prompts would otherwise log a line each.
+            self._warned_max_tokens = True
+            log.warning(
+                f"sampling.max_tokens={params.max_tokens} is more than the {left} tokens model.max_model_len="
+                f"{self.max_model_len} leaves after a {len(ids)}-token prompt: generation stops there, with "
+                "finish_reason 'context_length' (logged once per engine)"
+            )
         seed = params.seed if params.seed is not None else (self.cfg.seed * 1_000_003 + request_id) % 2**63
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=ids,
             sampling=params,
             seed=seed,
-            prompt=text,
+            prompt=request.prompt,
             detokenizer=self.tokenizer.detokenizer(len(ids)) if self.tokenizer else None,
         )
-        error = self.scheduler.admission_error(len(ids))
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if error is None and bad is not None:
-            error = f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-        if error is not None:
-            self.scheduler.finish(seq, "error", f"request {request_id}: {error}")
-        else:
-            self.scheduler.add(seq)
+        self.scheduler.add(seq)
         return request_id
 
     def has_unfinished(self) -> bool:

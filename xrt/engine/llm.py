@@ -7,9 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from xrt.config import SamplingArgs, XrtConfig
-from xrt.engine.engine import LLMEngine, Prompt
+from xrt.engine.engine import LLMEngine, Request
+from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.tokenizer import Message, Tokenizer
+from xrt.engine.validate_prompts import Prompt, as_prompt_list
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import Runner
 from xrt.progress import Progress
@@ -43,29 +45,24 @@ class LLM:
         add_special_tokens: bool = True,
         on_output: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order. `sampling`: one for all prompts or a list, one each;
-        None uses cfg.sampling. A prompt that cannot run comes back with finish_reason "error".
-        `on_output`: called with each output as its request finishes (completion order), so a caller can
-        keep results that finished before a crash or Ctrl-C."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        if isinstance(sampling, list):
-            if len(sampling) != len(prompts):
-                raise ValueError(f"sampling: got {len(sampling)} entries for {len(prompts)} prompts")
-            per_prompt = [validate_sampling(s, self.cfg.sampling) for s in sampling]
-        else:
-            per_prompt = [validate_sampling(sampling, self.cfg.sampling)] * len(prompts)
-        ids = [
-            self.engine.add_request(p, s, add_special_tokens=add_special_tokens)
-            for p, s in zip(prompts, per_prompt, strict=True)
-        ]
-        show = len(prompts) >= _PROGRESS_MIN_PROMPTS if use_tqdm is None else use_tqdm
+        """One RequestOutput per prompt, in order. `prompts`: text, a list of token ids, or a list of
+        those; `sampling`: one SamplingArgs or dict (fields over cfg.sampling) for all prompts, or a list
+        with one per prompt; None uses cfg.sampling. `on_output`: called with each output as its request
+        finishes (completion order), so a caller can keep results that finished before a crash or Ctrl-C.
+
+        The whole input is checked before anything is queued: a bad prompt (not text or token ids, text
+        that is not valid Unicode, token ids outside [0, vocab_size), empty, no room under
+        model.max_model_len, more than the KV cache holds) or bad sampling (any schema problem, a list of
+        the wrong length) raises RequestError, a ValueError whose one-line message names the field
+        (`prompts[1]: ...`, `sampling.top_p: ...`), and the engine is left as it was."""
+        requests = self._check(prompts, sampling, add_special_tokens)
+        ids = [self.engine.queue(r) for r in requests]
+        show = len(ids) >= _PROGRESS_MIN_PROMPTS if use_tqdm is None else use_tqdm
         results: dict[int, RequestOutput] = {}
         wanted = set(ids)
         start = time.perf_counter()
         generated = 0
-        with Progress(len(prompts), "generating", "request", show=show) as bar:
+        with Progress(len(ids), "generating", "request", show=show) as bar:
             while self.engine.has_unfinished() and len(results) < len(wanted):
                 for out in self.engine.step():
                     if out.request_id in wanted:
@@ -76,6 +73,22 @@ class LLM:
                         bar.update(1)
                         bar.set_postfix(f"tok_s={generated / max(time.perf_counter() - start, 1e-9):.1f}")
         return [results[i] for i in ids]
+
+    def _check(self, prompts: object, sampling: object, add_special_tokens: bool) -> list[Request]:
+        listed, single = as_prompt_list(prompts)
+        n = len(listed)
+        if isinstance(sampling, (list, tuple)):
+            if len(sampling) != n:
+                raise RequestError("sampling", f"got a list of {len(sampling)} for {n} prompt{'s' * (n != 1)}")
+            params = [validate_sampling(s, self.cfg.sampling, f"sampling[{i}]") for i, s in enumerate(sampling)]
+        else:
+            params = [validate_sampling(sampling, self.cfg.sampling)] * n
+        return [
+            self.engine.check_request(
+                p, s, add_special_tokens=add_special_tokens, where="prompt" if single else f"prompts[{i}]", index=i
+            )
+            for i, (p, s) in enumerate(zip(listed, params, strict=True))
+        ]
 
     def apply_chat_template(self, messages: list[Message], **kwargs: Any) -> str:
         if self.tokenizer is None:

@@ -9,8 +9,16 @@ from xrt.engine.sequence import Sequence
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """finish_reason: "stop" (end-of-sequence token or stop string), "length" (max_tokens,
-    model.max_model_len, or the whole KV cache) or "error" (see `error`).
+    """finish_reason, why the request ended:
+    - "stop": an end-of-sequence token (unless ignore_eos) or a stop string;
+    - "length": sampling.max_tokens tokens were generated;
+    - "context_length": prompt + output reached model.max_model_len first (a max_tokens larger than the
+      context left is accepted: generation stops here, and the engine logs a warning once);
+    - "kv_cache": the request alone filled the whole KV cache, so its next token has no page (with
+      other requests running it would have preempted them; raise cache.num_pages or cache.kv_size_gb).
+    Requests that can never run (an empty prompt, no room under model.max_model_len, a prompt the KV cache
+    cannot hold) are refused by `generate` / `add_request` with a RequestError instead.
+    error: why, in words, when the engine had to end a request it could not serve; else None.
     ttft_s: seconds from add_request to the first generated token (None if none was generated).
     token_times_s: for each generated token, seconds from add_request until it was sampled."""
 

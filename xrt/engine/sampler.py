@@ -33,15 +33,21 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingArgs]) -> tuple[t
     """Probabilities in descending order (zero outside top-k / top-p) and the token id of each column."""
     n, vocab = logits.shape
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    # At least float32's smallest normal: a smaller temperature would round to 0 on the device (0 / 0: NaN).
+    tiny = torch.finfo(torch.float32).tiny
+    temperature = torch.tensor([max(p.temperature, tiny) for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
     # top_p == 1 keeps everything; comparing cumulative sums to 1.0 would drop tail tokens to rounding.
     top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
-    ordered, order = (logits / temperature[:, None]).sort(dim=-1, descending=True)
+    # Shifted so each row's largest logit is 0 before scaling: a tiny temperature then drives the others to
+    # -inf (probability 0) instead of overflowing the top ones to inf (inf - inf: NaN in softmax).
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    ordered, order = (shifted / temperature[:, None]).sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=device)
     ordered = ordered.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
     probs = ordered.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p.
-    probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p. The
+    # most likely token always stays (a top_p below float32's smallest value rounds to 0 on the device).
+    probs = probs.masked_fill((mass_before >= top_p[:, None]) & (rank[None, :] > 0), 0.0)
     return probs, order

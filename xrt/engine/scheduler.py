@@ -86,9 +86,14 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         scheduled = self._schedule_prefill() or self._schedule_decode()
         if scheduled is None and self.waiting and not self.running:
-            # Admission checks make this unreachable; fail the request rather than spin forever.
+            # The decode pass ended the last running sequence (alone, it filled the cache): its pages are free
+            # now, for the sequences it preempted.
+            scheduled = self._schedule_prefill()
+        if scheduled is None and self.waiting and not self.running:
+            # Unreachable: admission refuses prompts the whole cache cannot hold, and a preempted sequence
+            # held fewer pages than the cache has, so it fits again alone. End it rather than spin forever.
             seq = self.waiting[0]
-            self.finish(seq, "error", f"{seq.num_tokens} tokens do not fit the free KV cache")
+            self.finish(seq, "kv_cache", f"{seq.num_tokens} tokens do not fit the free KV cache")
         return scheduled
 
     def postprocess(self, scheduled: ScheduledStep) -> None:
@@ -248,7 +253,7 @@ class Scheduler:
             elif any(s is not seq and s.page_table for s in self.running):
                 self._preempt(seq)
             else:
-                self.finish(seq, "length")  # alone, it already fills the whole KV cache
+                self.finish(seq, "kv_cache")  # alone, it already fills the whole KV cache
         if not scheduled:
             return None
         chunks = [self._chunk(seq, 1) for seq in scheduled]

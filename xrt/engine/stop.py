@@ -1,4 +1,5 @@
-"""When a sequence stops after a new token: end-of-sequence ids, stop strings, token limits."""
+"""When a sequence stops after a new token: end-of-sequence ids and stop strings ("stop"), max_tokens
+("length"), model.max_model_len ("context_length"). The scheduler ends the rest ("kv_cache")."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def finish_reason(seq: Sequence, delta: str, eos_token_ids: list[int], max_model
     if not sampling.ignore_eos and seq.token_ids[-1] in eos_token_ids:
         return "stop"
     n = len(seq.token_ids)  # not the properties: this runs for every generated token
-    if n - len(seq.prompt_token_ids) >= sampling.max_tokens or n >= max_model_len:
+    # max_tokens first: a request that got all it asked for ended by its own limit, even at the context's.
+    if n - len(seq.prompt_token_ids) >= sampling.max_tokens:
         return "length"
+    if n >= max_model_len:
+        return "context_length"
     return None

@@ -88,7 +88,19 @@ class ModelRunner:
         prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
         reserve = (lambda: self._prefill_reserve(prefill_shapes)) if prefill_shapes else None
         self.num_pages = num_pages(cfg, self, reserve)
-        self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
+        try:
+            self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            # Sizing checked the memory available; something took it meanwhile, or a limit it cannot see.
+            if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+                raise
+            field = "cache.num_pages" if cfg.cache.num_pages else (
+                "cache.max_memory_utilization" if self.device.type == "cuda" else "cache.kv_size_gb"
+            )
+            raise ValueError(
+                f"{field}: the KV cache of {self.num_pages} pages ({self.num_pages * self.kv_layout.bytes_per_page} "
+                f"B) could not be allocated on {self.device}; lower {field}"
+            ) from None
         if graphs:
             self._build_graphs(capture or CudaGraphCapture(self.device), prefill_shapes)
 

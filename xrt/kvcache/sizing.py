@@ -2,12 +2,15 @@
 holds; on CUDA the process may use cache.max_memory_utilization of the GPU's total memory and the KV cache
 gets what is left after the weights (and everything else already resident) and the peak activations of the
 largest prefill step, measured by running one. Then, either way, less what something built after the cache
-reserves (the prefill CUDA graphs' memory pool and buffers)."""
+reserves (the prefill CUDA graphs' memory pool and buffers). A cache the user sized (`cache.num_pages`, or
+`cache.kv_size_gb` on CPU) must fit the memory available now, checked before allocating, so a too-large
+one is one line naming the field rather than an allocator error (or, with overcommit, the OOM killer)."""
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,19 +50,97 @@ class KVReserve:
 
 def num_pages(cfg: XrtConfig, runner: ProfiledRunner, reserve: Callable[[], KVReserve] | None = None) -> int:
     cache = cfg.cache
-    if cache.num_pages:
-        return cache.num_pages
     bytes_per_page = runner.kv_layout.bytes_per_page
+    if cache.num_pages:
+        check_fits(cache.num_pages, bytes_per_page, runner.device, "cache.num_pages", f"{cache.num_pages} pages")
+        return cache.num_pages
     if runner.device.type == "cuda":
         pages = cuda_num_pages(cfg, runner, bytes_per_page)
     else:
         pages = math.floor(cache.kv_size_gb * GB / bytes_per_page)
+        check_fits(pages, bytes_per_page, runner.device, "cache.kv_size_gb", f"{cache.kv_size_gb} GB")
     if pages < 1:
         raise ValueError(
             f"cache.kv_size_gb: {cache.kv_size_gb} GB holds no {bytes_per_page}-byte KV page; "
             f"raise it or set cache.num_pages"
         )
     return pages if reserve is None else leave_reserve(pages, bytes_per_page, reserve())
+
+
+def check_fits(pages: int, bytes_per_page: int, device: torch.device, field: str, given: str) -> None:
+    """ValueError naming `field` when `pages` KV pages need more memory than `device` has available."""
+    available = available_bytes(device)
+    need = pages * bytes_per_page
+    if available is not None and need > available:
+        where = "free device" if device.type == "cuda" else "available host"
+        raise ValueError(
+            f"{field}: {given} of KV cache ({need / GiB:.2f} GiB, {bytes_per_page} B/page) is more than the "
+            f"{available / GiB:.2f} GiB of {where} memory; lower {field}"
+        )
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Bytes a new allocation on `device` can take now; None when it cannot be told."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return host_available_bytes()
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable (free memory plus the page cache the kernel can drop), capped by the cgroup's limit:
+    in a container /proc/meminfo shows the host's memory, not what the container may use."""
+    available: int | None = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if available is None and hasattr(os, "sysconf"):
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            pass
+    left = _cgroup_left()
+    if left is not None:
+        available = left if available is None else min(available, left)
+    return available
+
+
+def _cgroup_left() -> int | None:
+    """The cgroup's memory limit less its working set (usage less the inactive page cache, which the kernel
+    reclaims first: a checkpoint just read is charged to the cgroup but does not hold memory); v2, then v1.
+    None without a limit."""
+    for base, limit_name, usage_name, inactive_key in (
+        ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        try:
+            with open(os.path.join(base, limit_name)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(base, usage_name)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        # v2 writes "max" for no limit; v1 a number near 2**63.
+        if not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return max(int(limit) - usage + _stat(os.path.join(base, "memory.stat"), inactive_key), 0)
+    return None
+
+
+def _stat(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def leave_reserve(pages: int, bytes_per_page: int, reserve: KVReserve) -> int:

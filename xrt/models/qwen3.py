@@ -154,7 +154,8 @@ class Qwen3ForCausalLM(nn.Module):
             if id(param) in norms:
                 param.data.fill_(1.0)
                 continue
-            gen = torch.Generator(device=param.device).manual_seed(seed + _stable_hash(name))
+            # Wrapped: manual_seed takes a uint64, and the config's seed may be its largest value.
+            gen = torch.Generator(device=param.device).manual_seed((seed + _stable_hash(name)) % 2**64)
             param.data.normal_(0.0, 0.02, generator=gen)
 
 

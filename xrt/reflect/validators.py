@@ -16,6 +16,9 @@ def _show(value: Any) -> str:
     # A float field given `-1` reads back as the user typed it, not as `-1.0`.
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
+    # Python refuses to print an int of more than 4300 digits; past a few dozen the digits say nothing.
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'a negative' if value < 0 else 'an'} integer of {value.bit_length()} bits"
     return repr(value)
 
 
