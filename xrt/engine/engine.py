@@ -53,7 +53,7 @@ class LLMEngine:
             raise ValueError("; ".join(f"{path}: {msg}" for path, msg in problems))
         self.cfg = cfg
         if runner is None:
-            from xrt.executor.factory import build_runner
+            from xrt.distributed.factory import build_runner
 
             runner = build_runner(cfg)
         self.runner = runner
