@@ -1,20 +1,25 @@
 """The step channel and the host-side collectives between two real processes (gloo): every message rank 0
 sends arrives whole and in order, however long (one frame, or a frame and the rest), and decodes to what was
-encoded; the MIN over ranks and the xrt collective ops see both ranks. The wire format round trip in-process."""
+encoded; the MIN over ranks and the xrt collective ops see both ranks; an idle rank 0 keeps the channel
+alive past its timeout, and a receiver left without messages times out. The wire format round trip
+in-process."""
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import queue
+import time
 
 import attrs
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from tp_helpers import channel_peer
 
 from xrt.config import Device, ParallelArgs, XrtConfig
-from xrt.distributed.channel import FRAME, StepChannel
+from xrt.distributed.channel import FRAME, KeepAlive, StepChannel
 from xrt.distributed.groups import close_groups, init_groups, master_store
 from xrt.distributed.wire import Kind, decode_launch, decode_step, encode_launch, encode_step
 from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
@@ -22,6 +27,7 @@ from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import SINGLE, set_tp, swap_tp
 
 PAGE = 4
+TIMEOUT_S = 2.0
 
 
 def steps() -> list[StepInput]:
@@ -62,11 +68,11 @@ def test_wire_round_trip() -> None:
 
 
 def test_channel_and_collectives_between_two_processes() -> None:
-    cfg = XrtConfig(device=Device.CPU, parallel=attrs.evolve(ParallelArgs(), tp=2, timeout_s=30))
+    cfg = XrtConfig(device=Device.CPU, parallel=attrs.evolve(ParallelArgs(), tp=2, timeout_s=60))
     store = master_store(cfg)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    peer = ctx.Process(target=channel_peer, args=(cfg, store.port, results), daemon=True)
+    peer = ctx.Process(target=channel_peer, args=(cfg, store.port, results, TIMEOUT_S), daemon=True)
     peer.start()
     previous = swap_tp(SINGLE)
     try:
@@ -78,14 +84,19 @@ def test_channel_and_collectives_between_two_processes() -> None:
         assert x.tolist() == [[11.0] * 3] * 2
         gathered = torch.ops.xrt.all_gather(torch.full((2, 1), 0.0), -1)
         assert gathered.tolist() == [[0.0, 1.0]] * 2
-        channel = StepChannel(groups.channel)
+        channel = StepChannel(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S)))
         for step in steps():
             channel.send(Kind.STEP, encode_step(step))
         for batch, after in batches():
             channel.send(Kind.LAUNCH, encode_launch(batch, after, PAGE))
-        channel.send(Kind.KEEPALIVE)
+        keepalive = KeepAlive(channel, TIMEOUT_S / 4)
+        time.sleep(1.5 * TIMEOUT_S)  # idle for longer than the timeout: the keep-alive messages hold the peer
+        keepalive.stop()
         channel.send(Kind.SHUTDOWN)
-        got = [results.get(timeout=30) for _ in range(3 + len(steps()) + len(batches()) + 1)]
+        got = [results.get(timeout=30) for _ in range(3 + len(steps()) + len(batches()))]
+        while (item := results.get(timeout=30))[0] == "keepalive":
+            got.append(item)
+        timed_out = item  # the peer's next wait, with nothing sent, ran into the timeout
         peer.join(timeout=30)
     finally:
         swap_tp(previous)
@@ -95,7 +106,8 @@ def test_channel_and_collectives_between_two_processes() -> None:
     assert got[:3] == [("min", 5), ("all_reduce", [[11.0] * 3] * 2), ("all_gather", [[0.0, 1.0]] * 2)]
     assert [v for k, v in got[3:] if k == "step"] == steps()
     assert [v for k, v in got[3:] if k == "launch"] == [expected_launch(b, a) for b, a in batches()]
-    assert got[-1] == ("keepalive", 0)
+    assert len([k for k, _ in got if k == "keepalive"]) >= 3
+    assert timed_out[0] == "timed out" and 0.8 * TIMEOUT_S < timed_out[1] < 3 * TIMEOUT_S
     assert peer.exitcode == 0
     with pytest.raises(queue.Empty):
         results.get_nowait()

@@ -4,6 +4,7 @@ far end of the channel test, and processes found by a tag in their environment (
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from xrt.config import XrtConfig
 from xrt.executor.graphs.capture import RerunCapture, RerunGraph
@@ -77,9 +79,9 @@ class FailingCapture(RerunCapture):
         return FailingGraph(fn, self), fn()
 
 
-def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue) -> None:
-    """Rank 1 of the channel test: joins rank 0's store, answers a MIN over ranks, then reports every message
-    it receives (kind, decoded) until SHUTDOWN, and the collectives' results."""
+def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue, channel_timeout_s: float) -> None:
+    """Rank 1 of the channel test: joins rank 0's store, reports the collectives' results, then every message it
+    receives (kind, decoded) until SHUTDOWN, then how long one more wait for a message took to time out."""
     from xrt.distributed.channel import StepChannel
     from xrt.distributed.groups import close_groups, init_groups, join_store
     from xrt.distributed.wire import Kind, decode_launch, decode_step
@@ -93,7 +95,8 @@ def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue) -> N
     torch.ops.xrt.all_reduce_(x)
     results.put(("all_reduce", x.tolist()))
     results.put(("all_gather", torch.ops.xrt.all_gather(torch.full((2, 1), 1.0), -1).tolist()))
-    channel = StepChannel(groups.channel)
+    # The channel over a group with a short timeout (the run's timeout_s also bounds the start-up).
+    channel = StepChannel(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=channel_timeout_s)))
     while True:
         kind, payload = channel.recv()
         if kind is Kind.SHUTDOWN:
@@ -106,6 +109,12 @@ def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue) -> N
                                     list(batch.table_rows), batch.page_tables.tolist(), after)))
         else:
             results.put(("keepalive", int(payload.size)))
+    start = time.monotonic()
+    try:
+        channel.recv()
+        results.put(("late message", None))
+    except RuntimeError:
+        results.put(("timed out", time.monotonic() - start))
     close_groups()
 
 

@@ -13,6 +13,7 @@ import traceback
 from multiprocessing.connection import wait
 
 import torch.distributed as dist
+from tqdm import tqdm
 
 from xrt.config import XrtConfig
 from xrt.distributed.channel import StepChannel
@@ -54,6 +55,9 @@ def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) 
 def spawned_main(cfg: XrtConfig, rank: int, port: int, capture: CaptureStrategy | None) -> None:
     """Spawn target of rank `rank`: rendezvous at rank 0's store on `port`, serve, exit 0 on shutdown."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore, which a killed worker would leave to the resource
+    # tracker (a "leaked semaphore" warning at rank 0's exit); a worker's bars need only a thread lock.
+    tqdm.set_lock(threading.RLock())
     set_rank(rank)
     _exit_with_parent()
     store = None
