@@ -7,6 +7,7 @@ import random
 
 import attrs
 import torch
+from tp_helpers import tiny_config
 
 from xrt.config import CacheArgs, ExecutorArgs, ExecutorKind, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -20,8 +21,6 @@ BUCKETS = [1, 2, 4, 8]
 
 
 def config(path: str, tp: int, graphs: bool = False) -> XrtConfig:
-    from conftest import tiny_config
-
     from xrt.models.loader import read_hf_config
     from xrt.reflect import hf_values
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tp_helpers import FailingCapture, tagged_env, tagged_pids, wait_until, xrt_cli
+from tp_helpers import FailingCapture, tagged_env, tagged_pids, tiny_config, wait_until, xrt_cli
 
 from xrt.config import CacheArgs, ExecutorArgs, ExecutorKind, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -24,8 +24,6 @@ FAILURE_S = 30  # the issue's bound on noticing a failed worker; measured: well 
 
 
 def config(path: str, tp: int, graphs: bool = False) -> XrtConfig:
-    from conftest import tiny_config
-
     cfg = tiny_config(path, parallel=ParallelArgs(tp=tp, timeout_s=60), cache=CacheArgs(num_pages=64))
     if graphs:
         cfg.executor = ExecutorArgs(kind=ExecutorKind.CUDAGRAPH, buckets=[1, 2], max_batch=2)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from tp_helpers import tiny_config
 
 from xrt.config import CacheArgs, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -25,8 +26,6 @@ GREEDY = SamplingArgs(max_tokens=4, ignore_eos=True)
 
 
 def config(path: str, tp: int, prefix_caching: bool = True) -> XrtConfig:
-    from conftest import tiny_config
-
     return tiny_config(path, parallel=ParallelArgs(tp=tp, timeout_s=60),
                        cache=CacheArgs(page_size=PAGE, kv_size_gb=0.02, prefix_caching=prefix_caching))
 

@@ -27,6 +27,19 @@ REPO = Path(__file__).resolve().parents[2]
 TAG_VAR = "XRT_TEST_TAG"  # not read by xrt: inherited by every process a run starts, so the test can find them
 
 
+def tiny_config(checkpoint_dir: str, **sections: Any) -> XrtConfig:
+    """The tiny model's shape at `checkpoint_dir` on CPU in float32; `sections` replace config sections (as
+    tests/conftest.py's tiny_config, which a module of this folder cannot import by name: tests/gpu has a
+    conftest too)."""
+    import attrs
+
+    from xrt.config import Device, DType
+    from xrt.models.tiny import tiny_model_args
+
+    model = attrs.evolve(tiny_model_args(), path=checkpoint_dir, dtype=DType.FLOAT32)
+    return XrtConfig(model=model, device=Device.CPU, **sections)
+
+
 def write_checkpoint(path: str, tokenizer_from: str, *, vocab_size: int, num_kv_heads: int, tied: bool,
                      seed: int, intermediate_size: int = 96, num_heads: int = 4) -> str:
     """A Qwen3 checkpoint saved by transformers (large random weights, so greedy continuations depend on the
