@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tp_helpers import FailingCapture, tagged_env, tagged_pids, tiny_config, wait_until, xrt_cli
+from tp_helpers import FailingCapture, FailingWarmUp, tagged_env, tagged_pids, tiny_config, wait_until, xrt_cli
 
 from xrt.config import CacheArgs, ExecutorArgs, ExecutorKind, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -41,6 +41,14 @@ def test_a_worker_raising_mid_run_fails_the_run_naming_the_rank(tiny_checkpoint:
     with pytest.raises(WorkerFailed, match="rank 1 failed"):  # the runner refuses further steps at once
         llm.generate([[1, 2, 3]], SamplingArgs(max_tokens=2))
     tp.close()
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_failing_at_start_up_fails_the_start_naming_the_rank(tiny_checkpoint: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"^tensor-parallel rank 1 failed: MemoryError: injected: no room"):
+        TPRunner(config(tiny_checkpoint, 2, graphs=True), capture=FailingWarmUp(rank=1))
+    assert time.monotonic() - start < FAILURE_S
     assert not multiprocessing.active_children()
 
 

@@ -92,16 +92,30 @@ class FailingCapture(RerunCapture):
         return FailingGraph(fn, self), fn()
 
 
+class FailingWarmUp(RerunCapture):
+    """RerunCapture that raises on rank `rank` when it warms the first graph up (a worker failing at start-up)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        if tp_rank() == self.rank:
+            raise MemoryError("injected: no room for the decode graphs")
+        fn()
+
+
 def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue, channel_timeout_s: float) -> None:
     """Rank 1 of the channel test: joins rank 0's store, reports the collectives' results, then every message it
     receives (kind, decoded) until SHUTDOWN, then how long one more wait for a message took to time out."""
     from xrt.distributed.channel import StepChannel
-    from xrt.distributed.groups import close_groups, init_groups, join_store
+    from xrt.distributed.groups import check_in, close_groups, init_groups, join_store
     from xrt.distributed.wire import Kind, decode_launch, decode_step
     from xrt.ops.collectives import min_over_ranks
     from xrt.ops.parallel_state import set_tp
 
-    groups = init_groups(cfg, 1, 1, join_store(cfg, port))
+    store = join_store(cfg, port)
+    check_in(store)
+    groups = init_groups(cfg, 1, 1, store)
     set_tp(1, 2, groups.model, groups.cpu)
     results.put(("min", min_over_ranks(5)))
     x = torch.full((2, 3), 10.0)

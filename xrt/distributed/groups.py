@@ -59,10 +59,13 @@ def master_store(cfg: XrtConfig) -> dist.TCPStore:
 
 
 def join_store(cfg: XrtConfig, port: int) -> dist.TCPStore:
-    """A spawned rank's client of rank 0's store; counts itself in (rank 0 waits for all before going on)."""
-    store = dist.TCPStore(cfg.parallel.master_addr, port, cfg.parallel.tp, is_master=False, timeout=timeout_of(cfg))
+    """A spawned rank's client of rank 0's store (where it reports a failure from now on)."""
+    return dist.TCPStore(cfg.parallel.master_addr, port, cfg.parallel.tp, is_master=False, timeout=timeout_of(cfg))
+
+
+def check_in(store: dist.Store) -> None:
+    """Count this spawned rank in: rank 0 waits for all before it joins the process group."""
     store.add(JOINED_KEY, 1)
-    return store
 
 
 def joined(store: dist.Store) -> int:
@@ -70,12 +73,17 @@ def joined(store: dist.Store) -> int:
     return store.add(JOINED_KEY, 0)
 
 
+def take_device(cfg: XrtConfig, local_rank: int) -> None:
+    """On CUDA, rank `local_rank` of a host uses device `local_rank` (the runner resolves the current device)."""
+    if resolve_device(cfg).type == "cuda":
+        torch.cuda.set_device(local_rank)
+
+
 def init_groups(cfg: XrtConfig, rank: int, local_rank: int, store: dist.Store | None) -> Groups:
     """The default group over the given store (spawned ranks) or env:// (store None: torchrun), then the
     host-side and channel groups. On CUDA each rank takes device `local_rank` first."""
     size, timeout = cfg.parallel.tp, timeout_of(cfg)
-    if resolve_device(cfg).type == "cuda":
-        torch.cuda.set_device(local_rank)
+    take_device(cfg, local_rank)
     backend = backend_for(cfg)
     if store is None:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout)

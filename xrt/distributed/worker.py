@@ -18,7 +18,16 @@ from tqdm import tqdm
 from xrt.config import XrtConfig
 from xrt.distributed.channel import StepChannel
 from xrt.distributed.env import torchrun_env
-from xrt.distributed.groups import Groups, close_groups, init_groups, join_store, report_failure, torchrun_groups
+from xrt.distributed.groups import (
+    Groups,
+    check_in,
+    close_groups,
+    init_groups,
+    join_store,
+    report_failure,
+    take_device,
+    torchrun_groups,
+)
 from xrt.distributed.wire import Kind, decode_launch, decode_step
 from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
@@ -63,6 +72,10 @@ def spawned_main(cfg: XrtConfig, rank: int, port: int, capture: CaptureStrategy 
     store = None
     try:
         store = join_store(cfg, port)
+        # The device before checking in: a rank that cannot have its device fails while rank 0 still watches
+        # the rendezvous (inside init_process_group only the timeout would end rank 0's wait).
+        take_device(cfg, rank)
+        check_in(store)
         groups = init_groups(cfg, rank, rank, store)
         run_worker(cfg, groups, capture)
         close_groups()
