@@ -111,3 +111,17 @@ def test_channel_and_collectives_between_two_processes() -> None:
     assert peer.exitcode == 0
     with pytest.raises(queue.Empty):
         results.get_nowait()
+
+
+def test_a_busy_master_port_is_one_error_naming_the_field() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = XrtConfig(device=Device.CPU, parallel=attrs.evolve(ParallelArgs(), tp=2, master_port=port, timeout_s=5))
+        with pytest.raises(ValueError, match=rf"^parallel\.master_port: cannot listen on 127\.0\.0\.1:{port} \("):
+            master_store(cfg)
+    free = master_store(attrs.evolve(cfg, parallel=attrs.evolve(cfg.parallel, master_port=0)))
+    assert free.port not in (0, port)
