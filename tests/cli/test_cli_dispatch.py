@@ -100,12 +100,14 @@ def test_an_unbuilt_cache_tier_stops_before_running(option: str, monkeypatch: py
     assert err[0].endswith("not built yet (issue 13); use cache=gpu")
 
 
-def test_tensor_parallelism_without_workers_stops_before_running(monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tensor_parallel_setting_that_cannot_run_stops_before_running(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     calls = fake_command(monkeypatch, "run")
-    assert cli.main(["config", "validate", "parallel.tp=2"]) == 0
-    assert cli.main(["run", "device=cpu", "parallel.tp=2"]) == 2
-    assert calls == [] and "error: parallel.tp: tp=2 needs torch.distributed initialised" in capsys.readouterr().err
+    assert cli.main(["run", "device=cpu", "parallel.tp=3"]) == 2
+    assert "error: parallel.tp: must divide model.num_attention_heads=4, got 3" in capsys.readouterr().err
+    assert cli.main(["run", "device=cpu", "parallel.tp=2", "parallel.backend=nccl"]) == 2
+    assert "error: parallel.backend: nccl needs CUDA devices" in capsys.readouterr().err
+    assert calls == []
 
 
 @pytest.mark.parametrize("flags,level", [((), "info"), (("-v",), "debug"), (("-q",), "warning"),

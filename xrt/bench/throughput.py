@@ -62,6 +62,7 @@ def run_throughput(
         "max_len": b.max_len,
         "warmup": b.warmup,
         "iters": b.iters,
+        "tp": cfg.parallel.tp,
         "input_tokens": tokens_in,
         "output_tokens": tokens_out,
         "wall_s": wall,

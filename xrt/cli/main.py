@@ -21,6 +21,7 @@ from xrt.cli.prompt_args import (
     prompt_overrides,
     strings_help,
 )
+from xrt.distributed.errors import WorkerFailed
 from xrt.log import set_level
 from xrt.reflect import ConfigError, Problem
 from xrt.reflect.suggest import did_you_mean
@@ -44,7 +45,9 @@ ENVIRONMENT = {
     "XRT_CONF_DIR": "a conf/ directory used instead of the shipped one",
     "XRT_GIT_COMMIT": "bench: the commit recorded with results (a tree copied without .git)",
     "TRITON_INTERPRET": "1: Triton kernels run in the interpreter (CPU tests); PDL is off",
-    "RANK": "set by torchrun: the rank in log prefixes",
+    "RANK": "set by torchrun: this process's rank (log prefixes; a rank other than 0 serves rank 0's steps)",
+    "WORLD_SIZE": "set by torchrun: the number of ranks (must equal parallel.tp); with RANK, xrt spawns no workers",
+    "LOCAL_RANK": "set by torchrun: the CUDA device of this rank on its host",
 }
 
 
@@ -78,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         _debug_traceback()
         print(f"error: {e}\n{USAGE}\n(python -m xrt --help lists commands, options and fields)", file=sys.stderr)
         return 2
+    except WorkerFailed as e:
+        # A rank other than 0 died or raised: its own traceback is on stderr already; here the one line.
+        _debug_traceback()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -183,6 +191,11 @@ def _dispatch(inv: Invocation) -> int:
     # Machine and path checks for every job before the first one loads a model: a sweep fails at once.
     check_paths = CHECKS.get(inv.command, lambda cfg: [])
     _raise_all([runtime_check(cfg) + check_paths(cfg) for cfg in cfgs], jobs, inv.multirun)
+    from xrt.distributed.env import torchrun_env
+
+    env = torchrun_env()
+    if env is not None and env.rank != 0:
+        return _serve_rank(cfgs)
     module = importlib.import_module(module_name)
     status = 0
     first_in_dir: dict[str, int] = {}
@@ -198,6 +211,20 @@ def _dispatch(inv: Invocation) -> int:
             rc = module.main(cfg)
         status = status or int(rc or 0)
     return status
+
+
+def _serve_rank(cfgs: list) -> int:
+    """Under torchrun, ranks other than 0 print nothing: for each job they serve rank 0's steps (rank 0 runs
+    the command) until it shuts its runner down."""
+    from xrt.distributed.worker import serve_torchrun
+
+    for cfg in cfgs:
+        set_level(cfg.log_level.value)
+        if cfg.parallel.tp > 1:
+            status = serve_torchrun(cfg)
+            if status:
+                return status
+    return 0
 
 
 def _jobs(inv: Invocation) -> list[list[str]]:

@@ -17,6 +17,7 @@ from xrt.config.schema import (
     LogLevel,
     ModelArgs,
     ParallelArgs,
+    ParallelBackend,
     SamplingArgs,
     SchedulerArgs,
     XrtConfig,
@@ -25,6 +26,6 @@ from xrt.config.schema import (
 
 __all__ = [
     "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs", "ExecutorKind",
-    "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems", "ProfileArgs", "SamplingArgs",
+    "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs",
     "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

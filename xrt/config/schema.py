@@ -9,6 +9,7 @@ when running, not when composing a config."""
 from __future__ import annotations
 
 import enum
+import os
 
 import attrs
 
@@ -49,6 +50,12 @@ LogLevel = enum.Enum("LogLevel", {level.upper(): level for level in LEVELS})
 class ExecutorKind(enum.Enum):
     EAGER = "eager"
     CUDAGRAPH = "cudagraph"
+
+
+class ParallelBackend(enum.Enum):
+    AUTO = "auto"
+    NCCL = "nccl"
+    GLOO = "gloo"
 
 
 @attrs.define
@@ -120,9 +127,27 @@ class ModelArgs:
 class ParallelArgs:
     tp: int = field(
         1,
-        help="tensor-parallel degree; > 1 needs torch.distributed initialised by the caller (xrt starts no workers "
-        "yet)",
+        help="tensor-parallel degree: one model over tp ranks (GPUs of a host; or the ranks torchrun starts). "
+        "xrt spawns tp - 1 worker processes itself unless RANK/WORLD_SIZE say torchrun started it",
         validator=ge(1),
+    )
+    backend: ParallelBackend = field(
+        ParallelBackend.AUTO, help="torch.distributed backend of the model's collectives; auto: nccl on CUDA, gloo "
+        "on CPU (the step channel to the workers is always a gloo group)",
+    )
+    master_addr: str = field(
+        "127.0.0.1", help="where spawned ranks rendezvous (rank 0's TCP store); under torchrun MASTER_ADDR is used"
+    )
+    master_port: int = field(
+        0, help="rendezvous port for spawned ranks; 0: a free port the OS picks (so runs on one host never "
+        "collide); under torchrun MASTER_PORT is used", validator=in_range(0, 65535),
+    )
+    timeout_s: float = field(
+        120.0,
+        help="a collective, rendezvous or step-channel wait longer than this fails the run (a dead rank is "
+        "noticed at once; this bounds a hung one); rank 0 keeps an idle channel alive",
+        unit="s",
+        validator=gt(0),
     )
 
 
@@ -270,6 +295,8 @@ class XrtConfig:
         tp, m = self.parallel.tp, self.model
         if m.num_attention_heads % tp:
             out.append(("parallel.tp", f"must divide model.num_attention_heads={m.num_attention_heads}, got {tp}"))
+        if m.intermediate_size % tp:
+            out.append(("parallel.tp", f"must divide model.intermediate_size={m.intermediate_size}, got {tp}"))
         if m.num_key_value_heads % tp and tp % m.num_key_value_heads:
             out.append(
                 (
@@ -292,8 +319,15 @@ def runtime_check(cfg: XrtConfig) -> Problems:
         out.append(("executor.kind", "cudagraph needs a CUDA device, and none is available; use executor=eager"))
     if cfg.device is Device.CUDA and not cuda:
         out.append(("device", "cuda requested but torch.cuda.is_available() is false"))
-    tp = cfg.parallel.tp
-    if tp > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        out.append(("parallel.tp", f"tp={tp} needs torch.distributed initialised with {tp} ranks, and xrt starts "
-                    "no workers yet (tensor parallelism is the next issue); use parallel.tp=1"))
+    # A config built in code (`LLM(cfg)`) never went through build's check(): the tp rules must hold before any
+    # rank starts.
+    out += [p for p in cfg.check() if p[0] == "parallel.tp"]
+    tp, on_cuda = cfg.parallel.tp, cuda and cfg.device is not Device.CPU
+    world = os.environ.get("WORLD_SIZE") if "RANK" in os.environ else None  # torchrun started this process
+    if world is not None and world.isdigit() and int(world) != tp:
+        out.append(("parallel.tp", f"must equal the {world} ranks torchrun started, got {tp}"))
+    elif world is None and on_cuda and tp > torch.cuda.device_count():
+        out.append(("parallel.tp", f"needs {tp} CUDA devices, {torch.cuda.device_count()} visible"))
+    if cfg.parallel.backend is ParallelBackend.NCCL and not on_cuda:
+        out.append(("parallel.backend", "nccl needs CUDA devices; use gloo (or auto) on CPU"))
     return out

@@ -66,7 +66,7 @@ class LLMEngine:
             raise ValueError("; ".join(f"{path}: {msg}" for path, msg in problems))
         self.cfg = cfg
         if runner is None:
-            from xrt.executor.factory import build_runner
+            from xrt.distributed.factory import build_runner
             from xrt.models.checkpoint import resolve_checkpoint
 
             # The tokenizer first: a corrupt tokenizer.json or chat template fails in milliseconds, not after

@@ -1,4 +1,5 @@
-"""Build the model runner the config asks for."""
+"""Build one process's model runner for the config (the engine goes through `xrt.distributed.factory`, which
+builds a tensor-parallel runner over one of these per rank when parallel.tp > 1)."""
 
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from xrt.models.hf_config import check_shape_keys
 from xrt.models.loader import file_of, iter_weights, read_hf_config
 from xrt.models.qwen3 import Qwen3ForCausalLM
 from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_class
+from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import init_tp
 from xrt.reflect import hf_values
 
@@ -87,7 +88,8 @@ class ModelRunner:
         self.kv_layout = KVLayout.of(self.attention_layers, self.page_size, self.dtype)
         prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
         reserve = (lambda: self._prefill_reserve(prefill_shapes)) if prefill_shapes else None
-        self.num_pages = num_pages(cfg, self, reserve)
+        # Every rank sizes its own cache (its free memory); all ranks hold the same page tables, so the smallest.
+        self.num_pages = min_over_ranks(num_pages(cfg, self, reserve))
         try:
             self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
         except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -1,5 +1,7 @@
 """Token embedding and LM head, sharded over the vocabulary for tensor parallelism: each rank
-holds ceil(vocab / tp) rows (the last rank's tail is zero padding)."""
+holds ceil(vocab / tp) rows (the last rank's tail is zero padding). The embedding masks the ids outside a
+rank's rows and all-reduces; the LM head all-gathers the shards' logits and cuts the padding columns off,
+so a vocabulary that tp does not divide gives the same logits."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ class VocabParallelEmbedding(nn.Module):
         self.embedding_dim = embedding_dim
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.rows_per_rank = -(-num_embeddings // self.tp_size)
-        self.vocab_start = self.tp_rank * self.rows_per_rank
+        # With more ranks than rows to share, the last ranks hold padding only.
+        self.vocab_start = min(self.tp_rank * self.rows_per_rank, num_embeddings)
         self.vocab_end = min(self.vocab_start + self.rows_per_rank, num_embeddings)
         self.weight = new_param((self.rows_per_rank, embedding_dim), dtype, device)
         self.weight.weight_loader = self.weight_loader

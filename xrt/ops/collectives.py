@@ -1,13 +1,13 @@
 """Tensor-parallel collectives as `xrt::` ops (`xrt.ops.registry`) over the group of
 `xrt.ops.parallel_state`; identity at one rank. Ops, so that a decode CUDA graph captures them and each
-rank replays its own graph."""
+rank replays its own graph. `min_over_ranks` is a host-side helper (not an op) over the CPU group."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from xrt.ops.parallel_state import tp_group, tp_size
+from xrt.ops.parallel_state import cpu_group, tp_group, tp_size
 from xrt.ops.registry import op
 
 
@@ -33,3 +33,13 @@ def all_gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(size)]
     dist.all_gather(parts, x.contiguous(), group=tp_group())
     return torch.cat(parts, dim=dim)
+
+
+def min_over_ranks(value: int) -> int:
+    """The smallest `value` of every tensor-parallel rank (each rank sizes its own KV cache; all must hold the
+    same pages). `value` at one rank."""
+    if tp_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=cpu_group())
+    return int(t.item())

@@ -3,6 +3,7 @@ naming the field)."""
 
 from __future__ import annotations
 
+from xrt.bench.setup import BenchError
 from xrt.config import XrtConfig
 from xrt.config.bench import ProfileMode
 from xrt.profile.setup import Emit, require_cuda
@@ -10,6 +11,9 @@ from xrt.profile.setup import Emit, require_cuda
 
 def run_profile(cfg: XrtConfig, emit: Emit) -> None:
     mode = cfg.profile.mode
+    if cfg.parallel.tp > 1:
+        # The modes reach into one process's ModelRunner (runner_parts.py); profile one rank's shard instead.
+        raise BenchError("parallel.tp: profile runs one process; use parallel.tp=1")
     if mode is ProfileMode.HOST:
         from xrt.profile.host import run_host
 

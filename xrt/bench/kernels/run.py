@@ -26,6 +26,9 @@ def check_runnable(cfg: XrtConfig) -> None:
     """One line naming the field when this machine cannot run the selected comparisons."""
     if not cfg.bench.kernels:
         raise BenchError("bench.kernels: must list at least one of " + ", ".join(g.value for g in KernelGroup))
+    if cfg.parallel.tp > 1:
+        raise BenchError("parallel.tp: the kernels scenario times one device's kernels at the whole model's shapes; "
+                         "use parallel.tp=1")
     if cfg.device is Device.CPU or not torch.cuda.is_available():
         raise BenchError("bench.scenario: kernels times CUDA kernels and needs a CUDA device; none is available")
     if importlib.util.find_spec("triton") is None:
@@ -65,6 +68,7 @@ def run_kernels(cfg: XrtConfig, progress: Progress) -> list[Record]:
         "model": cfg.model.name,
         "dtype": str(dtype).removeprefix("torch."),
         "page_size": cfg.cache.page_size,
+        "tp": 1,  # one device's kernels at the whole model's shapes (run_kernels refuses parallel.tp > 1)
         "bandwidth_gbps": bandwidth / 1e9,
         **versions(),
         **environment(device),
