@@ -6,14 +6,13 @@ no logging setup. The merged dict is then validated by `xrt.reflect.build`, so e
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from xrt.config import ModelArgs, XrtConfig
-from xrt.config.verbatim import hydra_parser, literal_overrides, split, sweep_choices
+from xrt.config.verbatim import hydra_parser, literal_overrides
 from xrt.models.errors import CheckpointError
 from xrt.models.hf_config import missing_message, missing_shape_keys
 from xrt.models.hub import checkpoint_dir, checkpoint_name
@@ -128,37 +127,6 @@ def _as_list(overrides: list[str] | None) -> list[str]:
     if wrong:
         raise TypeError(f"load_config: overrides must be 'key=value' strings, got {wrong[0]!r}")
     return out
-
-
-def expand_sweeps(overrides: list[str]) -> list[list[str]]:
-    """Hydra sweep syntax (`a=1,2 b=x,y`, `range(1,4)`, `glob(*)`) to one override list per job,
-    as a cartesian product in the order given (as Hydra's BasicSweeper does). A string field's value is split
-    at commas outside quoted choices, and each choice stays literal (`xrt.config.verbatim.sweep_choices`)."""
-    problems: list[Problem] = []
-    axes: dict[str, list[str]] = {}
-    options = group_options()
-    for s in overrides:
-        parts = split(s)
-        if parts is not None:
-            choices = sweep_choices(s, problems)
-            axes[parts[0] + parts[1]] = [s] if choices is None else choices
-            continue
-        for o in parse_overrides([s], problems):
-            key = o.get_key_element()
-            if not o.is_sweep_override():
-                axes[key] = [o.input_line]
-            elif o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP":
-                names = o.value().filter(options.get(o.key_or_group, []))
-                if not names:
-                    problems.append((o.key_or_group, f"glob matches no option of group {o.key_or_group!r}"))
-                axes[key] = [f"{key}={n}" for n in names]
-            elif o.is_discrete_sweep():
-                axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-            else:
-                problems.append((o.key_or_group, "only a,b,c / range() / glob() sweeps are supported"))
-    if problems:
-        raise ConfigError(problems)
-    return [list(job) for job in itertools.product(*axes.values())]
 
 
 def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
@@ -386,6 +354,6 @@ def _first_line(text: str) -> str:
 
 
 __all__ = [
-    "conf_dir", "config_names", "expand_sweeps", "group_options", "load_config", "parse_overrides", "precheck",
-    "unbuilt_options",
+    "compose_overrides", "conf_dir", "config_from_raw", "config_names", "explicit_keys", "group_options",
+    "load_config", "parse_overrides", "precheck", "unbuilt_options",
 ]
