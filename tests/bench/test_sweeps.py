@@ -157,6 +157,9 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
      "minimize; add hydra.sweeper.direction=maximize"),
     (["hydra/sweeper=optuna", "bench.scenario=kernels", "seed=choice(1,2)"],
      "error: bench.objective: the kernels scenario returns no objective for the sweeper"),
+    (["bench.input_len=8,3000"],  # what the bench refuses once started, found before the first job
+     "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 3004 "
+     "[job 2 of 2]"),
     (["seed=interval(1,4)"], "the basic sweeper runs a,b,c / range() / glob() sweeps; interval() needs a "
                              "sweeper that samples, e.g. hydra/sweeper=optuna"),
     (["hydra/launcher=jobib", "sede=1,2"], "error: sede: unknown field; did you mean seed?\n"

@@ -153,7 +153,7 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     p = planned(command, overrides, config_name)
     plan = p.plan
     # Machine and path checks before the first job loads a model, when the jobs run on this machine.
-    check = CHECKS.get(command) if command != "bench" else None
+    check = _bench_problems if command == "bench" else CHECKS.get(command)
     found = [(runtime_check(c) if plan.local else []) + (check(c) if check else []) for c in p.cfgs]
     raise_all(found, plan.jobs, plan.enumerated)
     raise_all([_sweep_problems(command, p) + sweep_dir_problems(plan.sweep_dir)], [[]], False)
@@ -171,6 +171,19 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
         for line in combine(Path(plan.sweep_dir)):
             print(f"[bench] {line}", flush=True)
     return status
+
+
+def _bench_problems(cfg: XrtConfig) -> list[Problem]:
+    """What the bench would refuse once started (lengths past the model): found before any job runs. Its
+    out_dir is not checked: a sweep's jobs write under hydra.sweep.dir."""
+    from xrt.bench.setup import BenchError, bench_config
+
+    try:
+        bench_config(cfg)
+    except BenchError as e:
+        path, _, message = str(e).partition(": ")
+        return [(path, message)]
+    return []
 
 
 def _sweep_problems(command: str, p: Planned) -> list[Problem]:
