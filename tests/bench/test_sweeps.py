@@ -171,6 +171,16 @@ def test_a_bad_sweep_stops_before_any_job_runs(tmp_path: Path, args: list[str], 
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_job_failing_as_it_runs_fails_the_sweep_and_the_others_make_the_table(tmp_path: Path) -> None:
+    # The kernels scenario finds it has no CUDA device only once its job runs.
+    rc, out, err = cli("bench", "-m", *TINY, "bench.peer=none", "bench.scenario=latency,kernels",
+                       f"hydra.sweep.dir={tmp_path / 's'}")
+    assert rc == 2
+    assert "error: bench.scenario: kernels times CUDA kernels and needs a CUDA device; none is available" in err
+    assert [r["sweep"]["job"] for r in lines(tmp_path / "s" / "results.jsonl")] == [0]
+    assert "(1 lines from 1 jobs)" in out and (tmp_path / "s" / "results.md").is_file()
+
+
 def test_only_bench_jobs_can_be_optimised(tmp_path: Path) -> None:
     rc, _, err = cli("run", "-m", "hydra/sweeper=optuna", "seed=choice(1,2)", f"hydra.sweep.dir={tmp_path}/s")
     assert rc == 2 and "error: hydra/sweeper: hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper " \

@@ -160,16 +160,19 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     outputs = {i: c.output for i, c in enumerate(p.cfgs) if c.output} if plan.enumerated else {}
     task = SweepTask(command, plan.num_jobs, outputs)
     status = 0
-    with hydra_app(command) as app, _logging_restored():
-        try:
-            app.multirun(config_name, task, plan.overrides, with_log_configuration=True)
-        except JobFailed as e:
-            status = e.rc
-    if command == "bench":
-        from xrt.bench.sweep_results import combine
+    try:
+        with hydra_app(command) as app, _logging_restored():
+            try:
+                app.multirun(config_name, task, plan.overrides, with_log_configuration=True)
+            except JobFailed as e:
+                status = e.rc
+    finally:
+        # The jobs that finished make the table, also when one failed or the sweep was interrupted.
+        if command == "bench" and Path(plan.sweep_dir).is_dir():
+            from xrt.bench.sweep_results import combine
 
-        for line in combine(Path(plan.sweep_dir)):
-            print(f"[bench] {line}", flush=True)
+            for line in combine(Path(plan.sweep_dir)):
+                print(f"[bench] {line}", flush=True)
     return status
 
 
