@@ -17,12 +17,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from xrt.config import XrtConfig
 from xrt.reflect import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from xrt.config.sweep import SweepPlan
 
 # Commands whose jobs return a value a sweeper can optimise (bench.objective).
 OBJECTIVE_COMMANDS = frozenset({"bench"})
@@ -115,7 +118,7 @@ def job_config(cfg: Any, overrides: list[str]) -> XrtConfig:
 
 @attrs.define
 class Planned:
-    plan: Any  # xrt.config.sweep.SweepPlan
+    plan: SweepPlan
     cfgs: list[XrtConfig]  # per entry of plan.jobs, checked
     labels: list[str]
 
@@ -155,8 +158,7 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     # Machine and path checks before the first job loads a model, when the jobs run on this machine.
     check = _bench_problems if command == "bench" else CHECKS.get(command)
     found = [(runtime_check(c) if plan.local else []) + (check(c) if check else []) for c in p.cfgs]
-    raise_all(found, plan.jobs, plan.enumerated)
-    raise_all([_sweep_problems(command, p) + sweep_dir_problems(plan.sweep_dir)], [[]], False)
+    raise_all(found, plan.jobs, plan.enumerated, _sweep_problems(command, p) + sweep_dir_problems(plan.sweep_dir))
     outputs = {i: c.output for i, c in enumerate(p.cfgs) if c.output} if plan.enumerated else {}
     task = SweepTask(command, plan.num_jobs, outputs)
     status = 0
@@ -221,21 +223,24 @@ def _sweep_problems(command: str, p: Planned) -> list[Problem]:
     return problems
 
 
-def raise_all(found: list[list[Problem]], jobs: list[list[str]], numbered: bool) -> None:
-    """Every job's problems as one `ConfigError`; a problem of some jobs only (of an enumerated sweep of more
-    than one) says which: `[job 2, 3 of 4]`."""
-    if not any(found):
+def raise_all(
+    found: list[list[Problem]], jobs: list[list[str]], numbered: bool, sweep: list[Problem] | None = None
+) -> None:
+    """Every job's problems, then the sweep's own, as one `ConfigError`; a problem of some jobs only (of an
+    enumerated sweep of more than one) says which: `[job 2, 3 of 4]`."""
+    if not any(found) and not sweep:
         return
     if not numbered or len(jobs) == 1:
-        raise ConfigError(dict.fromkeys(p for ps in found for p in ps))
+        raise ConfigError(dict.fromkeys([*(p for ps in found for p in ps), *(sweep or [])]))
     where: dict[Problem, list[str]] = {}
     for i, ps in enumerate(found):
         for p in ps:
             where.setdefault(p, []).append(str(i + 1))
-    raise ConfigError(
-        (path, msg if len(ids) == len(jobs) else f"{msg} [job {', '.join(ids)} of {len(jobs)}]")
-        for (path, msg), ids in where.items()
-    )
+    raise ConfigError([
+        *((path, msg if len(ids) == len(jobs) else f"{msg} [job {', '.join(ids)} of {len(jobs)}]")
+          for (path, msg), ids in where.items()),
+        *(sweep or []),
+    ])
 
 
 def job_label(i: int, n: int, job: list[str], numbered: bool = True) -> str:
