@@ -205,6 +205,20 @@ def test_report_rebuilds_a_sweep_whose_jobs_ran_elsewhere(in_process: tuple[Path
         (0, True), (1, False), (1, False)]
     assert f"wrote {tmp_path / 'results.jsonl'} (3 lines from 3 jobs)" in out
     assert (tmp_path / "results.md").is_file() and (tmp_path / "plot.png").is_file()
+    # A single run's lines beside the jobs would be lost by combining: refused, and nothing rewritten.
+    single = lines(in_process[0] / "0" / "results.jsonl")[0]
+    del single["sweep"]
+    (tmp_path / "results.jsonl").write_text(json.dumps(single) + "\n")
+    rc, out, err = cli("bench", "report", str(tmp_path))
+    assert rc == 2 and "holds lines of its own besides the sweep jobs below it" in err
+    assert len(lines(tmp_path / "results.jsonl")) == 1
+    # A single run's results directory with another single run's below it (not a sweep): its own lines kept.
+    other = tmp_path / "single"
+    (other / "throughput").mkdir(parents=True)
+    (other / "results.jsonl").write_text(json.dumps(single) + "\n")
+    (other / "throughput" / "results.jsonl").write_text(json.dumps({**single, "batch": 9}) + "\n")
+    assert cli("bench", "report", str(other))[0] == 0
+    assert lines(other / "results.jsonl") == [single] and "| 1 |" in (other / "results.md").read_text()
     rc, out, err = cli("bench", "report", str(tmp_path / "b" / "nothing"))
     assert rc == 2 and err.splitlines()[0] == (f"error: {tmp_path / 'b' / 'nothing'}: no results.jsonl in it or in "
                                                f"a job directory below it")

@@ -40,13 +40,17 @@ USAGE = "usage: python -m xrt bench report DIR  (a bench.out_dir or sweep direct
 
 
 def main(argv: list[str]) -> int:
-    from xrt.bench.sweep_results import combine, job_dirs
+    from xrt.bench.sweep_results import combine, job_dirs, own_lines
 
     if len(argv) != 1:
         print(f"error: expected one directory, got {len(argv)} arguments\n{USAGE}", file=sys.stderr)
         return 2
     root = Path(argv[0])
     if root.is_dir() and job_dirs(root):
+        if own_lines(root):
+            print(f"error: {root / RESULTS}: holds lines of its own besides the sweep jobs below it; "
+                  f"report a directory that holds only the sweep", file=sys.stderr)
+            return 2
         lines = combine(root)
     elif (root / RESULTS).is_file():
         lines = regenerate(root)

@@ -6,6 +6,7 @@ or job directories copied together): `python -m xrt bench report DIR`."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -33,11 +34,18 @@ def objective_value(records: list[Record], metric: BenchObjective) -> float:
 
 
 def job_dirs(root: Path) -> list[Path]:
-    """Directories under `root` holding a job's results.jsonl, in job order (numbers compared as numbers). One
-    holding job directories itself is a sweep's combined results (a sweep copied into a larger one): left out."""
-    found = {p.parent for p in root.rglob(RESULTS) if p.parent != root}
-    jobs = [d for d in found if not any(o != d and d in o.parents for o in found)]
+    """Directories under `root` holding a sweep job's results.jsonl (its lines carry `SWEEP_KEY`, or Hydra's
+    .hydra/ is beside it), in job order (numbers compared as numbers). Other results directories below (a
+    single run's) are not a sweep's jobs, nor is one holding jobs below it (a sweep copied into a larger one:
+    its combined lines)."""
+    found = {p.parent for p in root.rglob(RESULTS) if p.parent != root and _is_job(p.parent)}
+    jobs = [d for d in found if not any(d in o.parents for o in found)]
     return sorted(jobs, key=lambda d: _natural(d.relative_to(root)))
+
+
+def own_lines(root: Path) -> bool:
+    """<root>/results.jsonl holds lines that are not its jobs' (a single run's): combining would lose them."""
+    return any(SWEEP_KEY not in r for r in read_records(root))
 
 
 def combine(root: Path) -> list[str]:
@@ -68,6 +76,14 @@ def best_lines(records: list[Record]) -> list[str]:
         # Hydra's job number, as its launch lines print it (`#2 : ...`) and its job directory is named.
         out.append(f"best {name}: {best['value']:.4g} (job #{best.get('job')}: {label})")
     return out
+
+
+def _is_job(directory: Path) -> bool:
+    if (directory / ".hydra").is_dir():
+        return True
+    with (directory / RESULTS).open() as f:
+        first = f.readline()
+    return bool(first.strip()) and SWEEP_KEY in json.loads(first)
 
 
 def _natural(path: Path) -> list[tuple[int, Any]]:
