@@ -129,7 +129,7 @@ def test_report_without_matplotlib_leaves_the_plot_for_later(
     assert report_main([str(tmp_path)]) == 0
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
     assert report_main([str(tmp_path / "missing")]) == 2
-    assert "usage: python -m xrt.bench.report" in capsys.readouterr().err
+    assert "usage: python -m xrt bench report DIR" in capsys.readouterr().err
 
 
 def test_run_latency_frees_its_engine_for_the_next_job() -> None:
@@ -179,14 +179,16 @@ def test_cli_latency_with_hf_peer_writes_jsonl_table_and_plot(
 
 
 def test_cli_multirun_jobs_share_one_table_and_the_peer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    (tmp_path / "results.jsonl").write_text('{"scenario": "latency", "stale": true}\n')
     r = _bench(capsys, tmp_path, "-m", "bench.batch=[1]", "model.max_model_len=512,1024", peer="hf")
     assert r.returncode == 0, r.stderr
-    lines = _lines(tmp_path)  # job 1 dropped the stale line, job 2 appended
+    (sweep,) = [d for d in tmp_path.iterdir() if d.is_dir()]  # <bench.out_dir>/<date>_<time>
+    lines = _lines(sweep)  # the jobs' lines, in job order
     assert [(x["batch"], x["config"]["model"]["max_model_len"]) for x in lines] == [(1, 512), (1, 1024)]
+    assert [x["sweep"]["job"] for x in lines] == [0, 1] and [_lines(sweep / str(i)) for i in (0, 1)] == [
+        lines[:1], lines[1:]]
     assert r.stdout.count("[bench] hf batch 1:") == 1  # job 2 reused job 1's peer figures
     assert lines[0]["peer_ttft_ms"] == lines[1]["peer_ttft_ms"] > 0
-    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager")]
+    rows = [ln for ln in (sweep / "results.md").read_text().splitlines() if ln.startswith("| eager")]
     labels = [ln.split("|")[1].strip() for ln in rows]
     assert labels == ["eager model.max_model_len=1024", "eager model.max_model_len=512"]
 

@@ -20,11 +20,16 @@ def fake_command(monkeypatch: pytest.MonkeyPatch, name: str, rc: int = 0) -> lis
     module = types.ModuleType(f"xrt.cli.{name}_cmd")
     module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
 
-    def main(cfg: XrtConfig, *args: int) -> int:
-        calls.append((cfg, *args))
+    def main(cfg: XrtConfig) -> int:
+        calls.append((cfg,))
         return rc
 
+    def sweep_job(cfg: XrtConfig, job: Any) -> tuple[int, float | None]:
+        calls.append((cfg, job))
+        return rc, None
+
     module.main = main  # type: ignore[attr-defined]
+    module.sweep_job = sweep_job  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     return calls
 
@@ -54,20 +59,23 @@ def test_run_gets_the_composed_config(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_bench_uses_bench_yaml_and_multirun_runs_one_job_per_combination(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
     calls = fake_command(monkeypatch, "bench")
     assert cli.main(["bench", "-m", "bench.batch=1,8", "model.num_hidden_layers=2,4", "device=cpu"]) == 0
-    assert [(c[0].bench.batch, c[0].model.num_hidden_layers, c[1], c[2]) for c in calls] == [
+    assert [(c[0].bench.batch, c[0].model.num_hidden_layers, c[1].num, c[1].num_jobs) for c in calls] == [
         ([1], 2, 0, 4), ([1], 4, 1, 4), ([8], 2, 2, 4), ([8], 4, 3, 4)]
     assert all(c[0].model.load_format is LoadFormat.DUMMY and c[0].model.name == "qwen3" for c in calls)
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "[job 1/4: bench.batch=1 model.num_hidden_layers=2 device=cpu]" and len(out) == 4
+    # Hydra's job directories under the bench's default sweep directory, <bench.out_dir>/<date>_<time>
+    (sweep,) = (tmp_path / "bench" / "results" / "latest").iterdir()
+    assert [c[1].job_dir for c in calls] == [sweep / str(i) for i in range(4)]
+    assert calls[3][1].overrides == ["bench.batch=8", "model.num_hidden_layers=4", "device=cpu"]
 
 
-def test_single_bench_run_is_job_0_of_1_and_its_status_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_single_bench_run_gets_its_config_and_its_status_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fake_command(monkeypatch, "bench", rc=3)
     assert cli.main(["bench", "--config-name", "config", "device=cpu"]) == 3
-    assert calls[0][0].model.name == "qwen3-tiny" and calls[0][1:] == (0, 1, True)
+    assert calls[0][0].model.name == "qwen3-tiny" and len(calls) == 1
 
 
 def test_config_errors_stop_a_sweep_before_any_job_runs(monkeypatch: pytest.MonkeyPatch,

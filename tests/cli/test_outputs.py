@@ -133,23 +133,25 @@ def test_sweep_outputs_that_collide_are_refused() -> None:
     assert rc == 2 and "error: output: 'o.1.jsonl' is the prompts_file of job 2 [job 1 of 2]" in err
 
 
-@pytest.mark.parametrize("out_dir,text", [
-    ("a_file", "bench.out_dir: 'a_file' is a file; expected a directory"),
-    ("a_file/sub", "is a file, so 'a_file/sub' cannot be made"),
+@pytest.mark.parametrize("multirun,out_dir,text", [
+    (False, "a_file", "error: bench.out_dir: 'a_file' is a file; expected a directory"),
+    (False, "a_file/sub", "is a file, so 'a_file/sub' cannot be made"),
+    # a sweep writes under hydra.sweep.dir, by default <bench.out_dir>/<date>_<time>
+    (True, "a_file", "error: hydra.sweep.dir: "),
+    (True, "a_file/sub", "is a file, so 'a_file/sub/"),
 ])
-def test_a_bad_out_dir_stops_the_bench_before_measuring(in_tmp: Path, out_dir: str, text: str) -> None:
-    rc, out, err = cli("bench", "-m", *TINY_BENCH, "seed=1,2", f"bench.out_dir={out_dir}")
+def test_a_bad_out_dir_stops_the_bench_before_measuring(in_tmp: Path, multirun: bool, out_dir: str,
+                                                        text: str) -> None:
+    sweep = ["-m", "seed=1,2"] if multirun else []
+    rc, out, err = cli("bench", *sweep, *TINY_BENCH, f"bench.out_dir={out_dir}")
     assert rc == 2 and out == "" and "[bench]" not in err
-    assert err.startswith("error: ") and text in err
+    assert err.startswith("error: ") and text in err and len(err.splitlines()) == 1
     assert (in_tmp / "a_file").read_text() == "not a directory\n"
 
 
-def test_each_out_dir_of_a_bench_sweep_starts_afresh(in_tmp: Path) -> None:
-    (in_tmp / "b").mkdir()
-    (in_tmp / "b" / "results.jsonl").write_text('{"scenario": "latency", "stale": true}\n')
-    rc, _, err = cli("bench", "-m", *TINY_BENCH, "bench.out_dir=a,b")
-    assert rc == 0, err
-    for name in ("a", "b"):
-        (line,) = records(in_tmp / name / "results.jsonl")
-        assert line["config"]["bench"]["out_dir"] == name and "stale" not in line
-        assert (in_tmp / name / "results.md").is_file()
+def test_a_bench_sweep_over_out_dir_is_refused_for_hydra_sweep_dir(in_tmp: Path) -> None:
+    rc, out, err = cli("bench", "-m", *TINY_BENCH, "bench.out_dir=a,b")
+    assert rc == 2 and out == ""
+    assert err.startswith("error: bench.out_dir: a sweep writes its jobs' results under hydra.sweep.dir "
+                          "(bench/results/latest/")
+    assert "run one sweep per directory, with hydra.sweep.dir=DIR" in err and not (in_tmp / "a").exists()

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from xrt.cli.main import main
 from xrt.config import XrtConfig
-from xrt.config.compose import expand_sweeps, load_config
+from xrt.config.compose import compose_overrides, load_config
+from xrt.config.sweep import plan_sweep
 from xrt.config.verbatim import looks_quoted, string_fields
 from xrt.reflect import ConfigError, walk
 
@@ -135,13 +136,15 @@ def test_a_quoted_value_hydra_cannot_read_is_refused_naming_the_field() -> None:
     (["prompt='Hello, world'"], ["Hello, world"]),
 ])
 def test_with_m_commas_sweep_unless_quoted(overrides: list[str], prompts: list[str]) -> None:
-    assert [load_config(job).prompt for job in expand_sweeps(overrides)] == prompts
+    # Hydra's basic sweeper makes the jobs from the overrides rewritten for it (`sweep_overrides`).
+    jobs = plan_sweep(overrides, "config", "run").jobs
+    assert [compose_overrides(job, "config").prompt for job in jobs] == prompts
 
 
 def test_sweep_order_is_the_order_given() -> None:
-    jobs = expand_sweeps(["seed=1,2", "output=o.jsonl", "prompt=a,b"])
-    assert jobs == [["seed=1", "output=o.jsonl", "prompt=a"], ["seed=1", "output=o.jsonl", "prompt=b"],
-                    ["seed=2", "output=o.jsonl", "prompt=a"], ["seed=2", "output=o.jsonl", "prompt=b"]]
+    jobs = plan_sweep(["seed=1,2", "output=o.jsonl", "prompt=a,b"], "config", "run").jobs
+    assert jobs == [["seed=1", "output='o.jsonl'", "prompt='a'"], ["seed=1", "output='o.jsonl'", "prompt='b'"],
+                    ["seed=2", "output='o.jsonl'", "prompt='a'"], ["seed=2", "output='o.jsonl'", "prompt='b'"]]
 
 
 def test_config_show_keeps_the_text_and_multirun_labels_the_jobs() -> None:

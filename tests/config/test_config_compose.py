@@ -10,7 +10,8 @@ import pytest
 
 import xrt
 from xrt.config import CacheArgs, DType, ExecutorKind, LoadFormat, LogLevel, ModelArgs, XrtConfig
-from xrt.config.compose import conf_dir, expand_sweeps, group_options, load_config
+from xrt.config.compose import compose_overrides, conf_dir, group_options, load_config
+from xrt.config.sweep import plan_sweep
 from xrt.reflect import ConfigError, build, from_hf, json_schema, to_dict
 
 GROUPS = group_options()
@@ -168,18 +169,23 @@ def test_composing_leaves_logging_and_cwd_alone(tmp_path: Path, monkeypatch: pyt
     assert list(tmp_path.iterdir()) == []
 
 
+def jobs_of(overrides: list[str]) -> list[list[str]]:
+    """The jobs Hydra's basic sweeper will launch for `-m` with these overrides, in its order."""
+    return plan_sweep(overrides, "config", "run").jobs
+
+
 def test_multirun_over_a_group_and_a_switch_gives_one_valid_config_per_job() -> None:
-    jobs = expand_sweeps(["executor=eager,cudagraph", "executor.fuse_prologues=false,true", "seed=5"])
+    jobs = jobs_of(["executor=eager,cudagraph", "executor.fuse_prologues=false,true", "seed=5"])
     assert jobs[0] == ["executor=eager", "executor.fuse_prologues=False", "seed=5"] and len(jobs) == 4
-    cfgs = [load_config(job) for job in jobs]
+    cfgs = [compose_overrides(job, "config") for job in jobs]
     got = {(c.executor.kind.value, c.executor.fuse_prologues) for c in cfgs}
     assert got == {(k, f) for k in ("eager", "cudagraph") for f in (False, True)}
     assert all(c.seed == 5 for c in cfgs)
-    assert expand_sweeps(["bench.batch=1,8", "parallel=glob([tp1,tp2])"]) == [
+    assert jobs_of(["bench.batch=1,8", "parallel=glob([tp1,tp2])"]) == [
         ["bench.batch=1", "parallel=tp1"], ["bench.batch=1", "parallel=tp2"],
         ["bench.batch=8", "parallel=tp1"], ["bench.batch=8", "parallel=tp2"]]
-    assert expand_sweeps(["seed=range(0,3)"]) == [["seed=0"], ["seed=1"], ["seed=2"]]
-    assert expand_sweeps([]) == [[]]
+    assert jobs_of(["seed=range(0,3)"]) == [["seed=0"], ["seed=1"], ["seed=2"]]
+    assert jobs_of([]) == [[]]
 
 
 def write_hf_config(directory: Path, **kw: object) -> dict:

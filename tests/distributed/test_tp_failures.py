@@ -5,7 +5,6 @@ a tag in their environment, so orphans would be found too)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,7 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from tp_helpers import FailingCapture, FailingWarmUp, tagged_env, tagged_pids, tiny_config, wait_until, xrt_cli
+from tp_helpers import (
+    FailingCapture,
+    FailingWarmUp,
+    tagged_env,
+    tagged_pids,
+    tiny_config,
+    tp_workers,
+    wait_until,
+    xrt_cli,
+)
 
 from xrt.config import CacheArgs, ExecutorArgs, ExecutorKind, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -42,7 +50,7 @@ def test_a_worker_raising_mid_run_fails_the_run_naming_the_rank(tiny_checkpoint:
     with pytest.raises(WorkerFailed, match="rank 1 failed"):  # the runner refuses further steps at once
         llm.generate([[1, 2, 3]], SamplingArgs(max_tokens=2))
     tp.close()
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 def test_a_worker_failing_at_start_up_fails_the_start_naming_the_rank(tiny_checkpoint: str) -> None:
@@ -50,7 +58,7 @@ def test_a_worker_failing_at_start_up_fails_the_start_naming_the_rank(tiny_check
     with pytest.raises(WorkerFailed, match=r"^tensor-parallel rank 1 failed: MemoryError: injected: no room"):
         TPRunner(config(tiny_checkpoint, 2, graphs=True), capture=FailingWarmUp(rank=1))
     assert time.monotonic() - start < FAILURE_S
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 def test_a_tp_the_model_cannot_split_stops_before_any_process_starts(
@@ -69,7 +77,7 @@ def test_a_tp_the_model_cannot_split_stops_before_any_process_starts(
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "error: parallel.tp: must divide model.num_attention_heads=4, got 3"
     assert all(line.startswith("error: parallel.tp: must divide") for line in err)
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 class Stderr:

@@ -3,12 +3,11 @@ replica of it), tied embeddings, eager, float32 over gloo. One spawned pair of r
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 
 import pytest
 from shape_checks import check_generation, check_parity, config
-from tp_helpers import write_checkpoint
+from tp_helpers import tp_workers, write_checkpoint
 
 from xrt.distributed.driver import TPRunner
 from xrt.engine.llm import LLM
@@ -22,7 +21,7 @@ def one_kv_head(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: str) 
     tp = TPRunner(config(path, 2))
     yield path, tp
     tp.close()
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 def test_one_kv_head_is_replicated_on_both_ranks(one_kv_head: tuple[str, TPRunner]) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tp_helpers import REPO, tagged_env, tagged_pids, wait_until, xrt_cli
+from tp_helpers import REPO, tagged_env, tagged_pids, tp_workers, wait_until, xrt_cli
 
 TIMEOUT_S = 240
 
@@ -56,15 +56,15 @@ def test_bench_sweeps_tp_and_records_it(tmp_path: Path, tiny_checkpoint: str,
 
     rc = main(["bench", "-m", "parallel.tp=1,2", "device=cpu", "model=qwen3-tiny", "model.dtype=float32",
                "bench.batch=[1,2]", "bench.input_len=8", "bench.output_len=4", "bench.warmup=0", "bench.iters=1",
-               "bench.peer=none", f"bench.out_dir={tmp_path}"])
+               "bench.peer=none", f"hydra.sweep.dir={tmp_path}"])
     out, err = capsys.readouterr()
     assert rc == 0, err
+    # The sweep's combined lines and table, built from its jobs' directories.
     rows = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [(r["tp"], r["batch"], r["status"]) for r in rows] == [(1, 1, "ok"), (1, 2, "ok"), (2, 1, "ok"),
                                                                  (2, 2, "ok")]
     assert all(r["tpot_ms"] > 0 for r in rows)
     table = (tmp_path / "results.md").read_text()
     assert "parallel.tp=2" in table and "parallel.tp=1" in table
-    import multiprocessing
 
-    assert not multiprocessing.active_children()  # the tp=2 job's workers went with its engine
+    assert not tp_workers()  # the tp=2 job's workers went with its engine

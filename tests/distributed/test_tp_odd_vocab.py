@@ -5,12 +5,11 @@ rank, rows reading their token from the previous launch. One spawned pair of ran
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 
 import pytest
 from shape_checks import check_generation, check_parity, config
-from tp_helpers import write_checkpoint
+from tp_helpers import tp_workers, write_checkpoint
 
 from xrt.distributed.driver import TPRunner
 from xrt.engine.llm import LLM
@@ -25,7 +24,7 @@ def odd_vocab(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: str) ->
     tp = TPRunner(config(path, 2, graphs=True), capture=RerunCapture())
     yield path, tp
     tp.close()
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 def test_odd_vocabulary_pads_the_last_shard(odd_vocab: tuple[str, TPRunner]) -> None:

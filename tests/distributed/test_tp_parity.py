@@ -5,13 +5,12 @@ identical for prompts of every length 1..130 in one batch (chunked prefill inclu
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 from collections.abc import Iterator
 
 import pytest
 import torch
-from tp_helpers import tiny_config
+from tp_helpers import tiny_config, tp_workers
 
 from xrt.config import CacheArgs, ParallelArgs, SamplingArgs, XrtConfig
 from xrt.distributed.driver import TPRunner
@@ -36,7 +35,7 @@ def runners(tiny_checkpoint_diverse: str) -> Iterator[tuple[ModelRunner, TPRunne
     tp = TPRunner(config(tiny_checkpoint_diverse, 2))
     yield ref, tp
     tp.close()
-    assert not multiprocessing.active_children()
+    assert not tp_workers()
 
 
 def prefill(lengths: list[int], seed: int) -> StepInput:

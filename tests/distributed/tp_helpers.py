@@ -186,3 +186,9 @@ def xrt_cli(*args: str, env: dict[str, str], **popen: Any) -> subprocess.Popen:
     popen.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen([sys.executable, "-m", "xrt", *args], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, **popen)
+
+
+def tp_workers() -> list[multiprocessing.process.BaseProcess]:
+    """The live tensor-parallel workers this process spawned (named by xrt.distributed.launch); other
+    children, such as a joblib sweep's pool from an earlier test, are not ours to check."""
+    return [p for p in multiprocessing.active_children() if p.name.startswith("xrt-tp-rank")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -13,7 +14,8 @@ from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, Progress, summarize, time_batch
 from xrt.bench.environment import adjusted, config_dict, environment
 from xrt.bench.floor import copy_bandwidth, decode_kv_bytes, decode_weight_bytes, default_copy_bytes
-from xrt.bench.peer_figures import earlier_peer_figures, peer_figures
+from xrt.bench.peer_cache import PeerCache
+from xrt.bench.peer_figures import peer_figures
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config, decode_bucket
 from xrt.bench.workload import WARMUP_REP, batch_prompts
@@ -49,10 +51,10 @@ def free_memory(device: torch.device) -> None:
 def run_latency(
     cfg: XrtConfig,
     progress: Progress,
-    earlier: list[Record] | None = None,
+    peers: PeerCache | None = None,
     engine_factory: Callable[[XrtConfig], Engine] = build_engine,
 ) -> list[Record]:
-    """earlier: lines already written by this sweep; their peer figures are reused."""
+    """peers: the peer figures of this sweep's jobs; those of this shape are reused, the missing ones added."""
     given = config_dict(cfg)
     cfg = bench_config(cfg)
     b = cfg.bench
@@ -82,11 +84,15 @@ def run_latency(
     }
     peer: dict[int, Any] = {}
     if b.peer is BenchPeer.HF:
-        peer = earlier_peer_figures(earlier or [], base)
-        todo = [x for x in b.batch if x not in peer]
-        if todo:
-            # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
-            peer.update(peer_figures(cfg, device, dtype, todo, progress))
+        with peers.locked() if peers else nullcontext():
+            peer = peers.lookup(base) if peers else {}
+            todo = [x for x in b.batch if x not in peer]
+            if todo:
+                # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
+                measured = peer_figures(cfg, device, dtype, todo, progress)
+                peer.update(measured)
+                if peers:
+                    peers.add(base, measured)
 
     engine = engine_factory(cfg)
     capacity = kv_pages(engine)

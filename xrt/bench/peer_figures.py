@@ -1,4 +1,5 @@
-"""The peer's figures per batch: measured with HfPeer, or taken from an earlier job of the same sweep."""
+"""The peer's figures per batch: measured with HfPeer, or taken from an earlier job of the same sweep
+(`xrt.bench.peer_cache`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from xrt.config import XrtConfig
 
 # Warm-up of the peer only needs its kernels and allocator warm, not a full-length decode.
 PEER_WARMUP_TOKENS = 8
+# A result line's keys that fix the peer's figures (with the model section): not our executor or scheduler.
+PEER_SHAPE = ("model", "input_len", "output_len", "dtype", "device_name", "warmup", "iters", "peer")
 
 
 def _peer_model(config: dict[str, Any]) -> dict[str, Any]:
@@ -25,7 +28,7 @@ def _peer_model(config: dict[str, Any]) -> dict[str, Any]:
 def earlier_peer_figures(records: list[Record], like: Record) -> dict[int, Any]:
     """Peer figures measured by an earlier job of the same sweep for the same shape, device and dtype:
     the peer does not depend on our executor, so a sweep measures it once per batch."""
-    same = ("model", "input_len", "output_len", "dtype", "device_name", "warmup", "iters", "peer")
+    same = PEER_SHAPE
     out: dict[int, Any] = {}
     for r in records:
         same_model = _peer_model(r.get("config") or {}) == _peer_model(like["config"])

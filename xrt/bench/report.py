@@ -1,12 +1,13 @@
 """results.md, plot.png and kernels.png from every line of results.jsonl. Also a command, for results brought
-back from a machine without matplotlib: `python -m xrt.bench.report <out_dir>`."""
+back from a machine without matplotlib or a sweep whose jobs ran elsewhere: `python -m xrt bench report DIR`
+(or `python -m xrt.bench.report DIR`); DIR holding job directories is a sweep's (`xrt.bench.sweep_results`)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from xrt.bench.results import KERNELS_PLOT, PLOT, TABLE, read_records
+from xrt.bench.results import KERNELS_PLOT, PLOT, RESULTS, TABLE, read_records
 from xrt.bench.table import render_markdown
 
 
@@ -35,11 +36,28 @@ def regenerate(out_dir: Path) -> list[str]:
     return [*done, *(f"wrote {out_dir / name}" for name in plotted)]
 
 
+USAGE = "usage: python -m xrt bench report DIR  (a bench.out_dir or sweep directory: results.jsonl in it or its jobs)"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not (Path(argv[0]) / "results.jsonl").is_file():
-        print("usage: python -m xrt.bench.report <out_dir>  (a directory holding results.jsonl)", file=sys.stderr)
+    from xrt.bench.sweep_results import combine, job_dirs, own_lines
+
+    if len(argv) != 1:
+        print(f"error: expected one directory, got {len(argv)} arguments\n{USAGE}", file=sys.stderr)
         return 2
-    for line in regenerate(Path(argv[0])):
+    root = Path(argv[0])
+    if root.is_dir() and job_dirs(root):
+        if own_lines(root):
+            print(f"error: {root / RESULTS}: holds lines of its own besides the sweep jobs below it; "
+                  f"report a directory that holds only the sweep", file=sys.stderr)
+            return 2
+        lines = combine(root)
+    elif (root / RESULTS).is_file():
+        lines = regenerate(root)
+    else:
+        print(f"error: {root}: no {RESULTS} in it or in a job directory below it\n{USAGE}", file=sys.stderr)
+        return 2
+    for line in lines:
         print(line)
     return 0
 

@@ -118,9 +118,10 @@ def _throughput_table(rows: list[Record]) -> list[str]:
         "| tokens/s | output tokens/s |",
         "|---|---|---|--:|---|--:|--:|--:|--:|--:|",
     ]
-    for r in rows:
+    # Labelled as the latency rows are: a sweep's rows differ by the fields it varies.
+    for r, label in zip(rows, _labels(rows), strict=True):
         lines.append(
-            f"| {r['executor']} | {r['model']} | {r['device_name']} | {r['num_requests']} "
+            f"| {label} | {r['model']} | {r['device_name']} | {r['num_requests']} "
             f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
             f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} |"
         )

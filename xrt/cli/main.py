@@ -1,4 +1,4 @@
-"""`python -m xrt {run,bench,serve,config} [-m] [--config-name NAME] [overrides]`.
+"""`python -m xrt {run,bench,serve,config} [-m] [--config-name NAME] [overrides]`, `python -m xrt bench report DIR`.
 
 Subcommands other than `config` live in `xrt.cli.<name>_cmd` and are imported only when used,
 so `config` and `--help` stay fast (no torch, Hydra only when composing)."""
@@ -21,14 +21,15 @@ from xrt.cli.prompt_args import (
     prompt_overrides,
     strings_help,
 )
+from xrt.config import XrtConfig
 from xrt.distributed.errors import WorkerFailed
 from xrt.log import set_level
-from xrt.reflect import ConfigError, Problem
+from xrt.reflect import ConfigError
 from xrt.reflect.suggest import did_you_mean
 
 COMMANDS = {
     "run": "generate from `prompt` (or `prompts_file`) with the configured model",
-    "bench": "measure TTFT/TPOT per batch (conf/bench.yaml; sweep with -m)",
+    "bench": "measure TTFT/TPOT per batch (conf/bench.yaml; sweep with -m); `bench report DIR`: a sweep's table",
     "profile": "where a step's time goes: per-kernel GPU time and host overhead (profile.*; bench config)",
     "serve": "OpenAI-compatible HTTP server",
     "config": "show|validate|schema|fields: print or check the composed config",
@@ -106,6 +107,10 @@ def _main(args: list[str]) -> int:
 
         print(__version__)
         return 0
+    if args[:2] == ["bench", "report"]:
+        from xrt.bench.report import main as report
+
+        return report(args[2:])
     inv = parse_args(args)
     if inv.help:
         print(full_help(inv.command))
@@ -165,15 +170,20 @@ def _config(inv: Invocation) -> int:
             raise UsageError(f"xrt config {inv.action} takes no overrides, got {given}")
         print(config_cmd.schema() if inv.action == "schema" else config_cmd.fields())
         return 0
-    jobs = _jobs(inv)
-    cfgs = _compose_all(jobs, inv.config_name or "config", inv.multirun)
-    for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
-        label = _job_label(i, len(jobs), job)
+    config_name = inv.config_name or "config"
+    if not inv.multirun:
+        cfg = _compose_one(_overrides(inv), config_name)
+        print("ok" if inv.action == "validate" else config_cmd.show(cfg, as_json=inv.as_json))
+        return 0
+    from xrt.cli.multirun import planned
+
+    # The jobs the multirun would run (for a sampling sweeper, the values it may pick), each checked.
+    p = planned(inv.command, _overrides(inv), config_name)
+    for label, cfg in zip(p.labels, p.cfgs, strict=True):
         if inv.action == "validate":
-            print(f"{label}: ok" if inv.multirun else "ok")
+            print(f"{label}: ok")
         else:
-            if inv.multirun:
-                print(f"# {label}")
+            print(f"# {label}")
             print(config_cmd.show(cfg, as_json=inv.as_json))
     return 0
 
@@ -183,98 +193,49 @@ def _dispatch(inv: Invocation) -> int:
     if importlib.util.find_spec(module_name) is None:
         print(f"xrt {inv.command}: not available yet", file=sys.stderr)
         return 2
-    jobs = _jobs(inv)
-    cfgs = _compose_all(jobs, inv.config_name or DEFAULT_CONFIG.get(inv.command, "config"), inv.multirun)
+    config_name = inv.config_name or DEFAULT_CONFIG.get(inv.command, "config")
+    if inv.multirun:
+        from xrt.cli import multirun
+
+        return multirun.main(inv.command, _overrides(inv), config_name)
+    cfg = _compose_one(_overrides(inv), config_name)
     from xrt.cli.paths import CHECKS
     from xrt.config import runtime_check
 
-    # Machine and path checks for every job before the first one loads a model: a sweep fails at once.
-    check_paths = CHECKS.get(inv.command, lambda cfg: [])
-    _raise_all([runtime_check(cfg) + check_paths(cfg) for cfg in cfgs], jobs, inv.multirun)
+    # Machine and path checks before the model loads: a bad path fails in a second.
+    problems = runtime_check(cfg) + CHECKS.get(inv.command, lambda cfg: [])(cfg)
+    if problems:
+        raise ConfigError(problems)
     from xrt.distributed.env import torchrun_env
 
     env = torchrun_env()
     if env is not None and env.rank != 0:
-        return _serve_rank(cfgs)
+        return _serve_rank(cfg)
     module = importlib.import_module(module_name)
-    status = 0
-    first_in_dir: dict[str, int] = {}
-    for i, (job, cfg) in enumerate(zip(jobs, cfgs, strict=True)):
-        set_level(cfg.log_level.value)
-        if inv.multirun:
-            print(f"[{_job_label(i, len(jobs), job)}]", flush=True)
-        if inv.command == "bench":
-            # The first job writing to an out_dir starts its results.jsonl afresh; later ones append.
-            fresh = first_in_dir.setdefault(os.path.abspath(cfg.bench.out_dir), i) == i
-            rc = module.main(cfg, i, len(jobs), fresh)
-        else:
-            rc = module.main(cfg)
-        status = status or int(rc or 0)
-    return status
+    set_level(cfg.log_level.value)
+    return int(module.main(cfg) or 0)
 
 
-def _serve_rank(cfgs: list) -> int:
-    """Under torchrun, ranks other than 0 print nothing: for each job they serve rank 0's steps (rank 0 runs
-    the command) until it shuts its runner down."""
+def _serve_rank(cfg: XrtConfig) -> int:
+    """Under torchrun, ranks other than 0 print nothing: they serve rank 0's steps (rank 0 runs the command)
+    until it shuts its runner down."""
     from xrt.distributed.worker import serve_torchrun
 
-    for cfg in cfgs:
-        set_level(cfg.log_level.value)
-        if cfg.parallel.tp > 1:
-            status = serve_torchrun(cfg)
-            if status:
-                return status
-    return 0
+    set_level(cfg.log_level.value)
+    return serve_torchrun(cfg) if cfg.parallel.tp > 1 else 0
 
 
-def _jobs(inv: Invocation) -> list[list[str]]:
+def _overrides(inv: Invocation) -> list[str]:
     overrides = inv.overrides + ([f"log_level={inv.log_level}"] if inv.log_level else [])
     if inv.command in PROMPT_COMMANDS:
         overrides = prompt_overrides(overrides, inv.prompt)
-    if not inv.multirun:
-        return [overrides]
-    from xrt.config.compose import expand_sweeps
-
-    return expand_sweeps(overrides)
+    return overrides
 
 
-def _compose_all(jobs: list[list[str]], config_name: str, multirun: bool) -> list:
-    """Every job's config, composed before any job runs, so a sweep fails early and all at once. In a
-    sweep, jobs that would share one `output` file get one each (`xrt.cli.paths.separate_outputs`)."""
-    from xrt.cli.paths import separate_outputs, sweep_problems
+def _compose_one(overrides: list[str], config_name: str) -> XrtConfig:
     from xrt.config.compose import load_config
 
-    cfgs, found = [], []
-    for job in jobs:
-        try:
-            cfgs.append(load_config(job, config_name=config_name))
-            found.append([])
-        except ConfigError as e:
-            found.append(e.problems)
-    _raise_all(found, jobs, multirun)
-    if multirun:
-        cfgs = separate_outputs(cfgs)
-        _raise_all(sweep_problems(cfgs), jobs, multirun)
-    return cfgs
-
-
-def _raise_all(found: list[list[Problem]], jobs: list[list[str]], multirun: bool) -> None:
-    if not any(found):
-        return
-    if not multirun or len(jobs) == 1:
-        raise ConfigError(p for ps in found for p in ps)
-    where: dict[Problem, list[str]] = {}
-    for i, ps in enumerate(found):
-        for p in ps:
-            where.setdefault(p, []).append(str(i + 1))
-    raise ConfigError(
-        (path, msg if len(ids) == len(jobs) else f"{msg} [job {', '.join(ids)} of {len(jobs)}]")
-        for (path, msg), ids in where.items()
-    )
-
-
-def _job_label(i: int, n: int, job: list[str]) -> str:
-    return f"job {i + 1}/{n}: {' '.join(job) if job else '(defaults)'}"
+    return load_config(overrides, config_name=config_name)
 
 
 def full_help(command: str | None = None) -> str:
@@ -288,7 +249,9 @@ def full_help(command: str | None = None) -> str:
     lines += [
         "",
         "options:",
-        "  -m, --multirun       sweep: `executor=eager,cudagraph bench.batch=1,8` runs one job per combination",
+        "  -m, --multirun       Hydra's multirun: `executor=eager,cudagraph bench.batch=1,8` runs one job per",
+        "                       combination; hydra/launcher=joblib|submitit_local|submitit_slurm, hydra/sweeper=optuna",
+        "                       (the `sweep` extra), hydra.sweep.dir=DIR (bench: <bench.out_dir>/<date>_<time>)",
         f"  --config-name NAME   primary config in conf/ ({', '.join(config_names())}); bench uses `bench`",
         "  -v, --verbose        debug log lines (= log_level=debug)",
         "  -q, --quiet          warnings and errors only (= log_level=warning)",

@@ -54,14 +54,40 @@ def out_dir_problems(cfg: XrtConfig) -> list[Problem]:
     return []
 
 
+def sweep_dir_problems(path: str) -> list[Problem]:
+    """A multirun's `hydra.sweep.dir`: a directory that can be made, and not one holding an earlier sweep's job
+    directories (their results would join this sweep's table; Hydra itself would overwrite them job by job)."""
+    key = "hydra.sweep.dir"
+    if not path or "\0" in path:
+        return [(key, f"must name a directory (no NUL characters), got {path!r}")]
+    if os.path.exists(path) and not os.path.isdir(path):
+        return [(key, f"{path!r} is a file; expected a directory (each job's results go in it)")]
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return [(key, f"{ancestor!r} is a file, so {path!r} cannot be made")]
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return [(key, f"cannot write in {ancestor!r} (permission denied)")]
+    if os.path.isdir(path):
+        earlier = sorted(e.name for e in os.scandir(path) if e.is_dir() and _is_job_dir(e.path))
+        if earlier:
+            return [(key, f"{path!r} holds an earlier sweep's jobs ({', '.join(earlier[:3])}"
+                          f"{', ...' if len(earlier) > 3 else ''}); choose another directory or remove them")]
+    return []
+
+
+def _is_job_dir(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, ".hydra")) or os.path.isfile(os.path.join(path, "results.jsonl"))
+
+
 CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": output_problems, "bench": out_dir_problems}
 
 
 def separate_outputs(cfgs: list[XrtConfig]) -> list[XrtConfig]:
     """Jobs of a sweep that would all write one `output` file each get their own, numbered as the jobs
     are printed: o.jsonl -> o.1.jsonl, o.2.jsonl (zero-padded past 9 jobs). Jobs whose outputs already
-    differ (`-m output=a.jsonl,b.jsonl`) keep them. bench.out_dir is shared on purpose: the jobs append
-    to one results.jsonl, which makes one table across the sweep."""
+    differ (`-m output=a.jsonl,b.jsonl`) keep them. (A bench sweep's jobs write under hydra.sweep.dir.)"""
     by_path: dict[str, list[int]] = {}
     for i, cfg in enumerate(cfgs):
         if cfg.output:
@@ -104,4 +130,7 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-__all__ = ["CHECKS", "numbered", "out_dir_problems", "output_problems", "separate_outputs", "sweep_problems"]
+__all__ = [
+    "CHECKS", "numbered", "out_dir_problems", "output_problems", "separate_outputs", "sweep_dir_problems",
+    "sweep_problems",
+]

@@ -5,7 +5,7 @@ and the Python API (`xrt.load_config`) both call it."""
 
 from __future__ import annotations
 
-from xrt.config.bench import BenchArgs, BenchPeer, BenchScenario, ProfileArgs
+from xrt.config.bench import BenchArgs, BenchObjective, BenchPeer, BenchScenario, ProfileArgs
 from xrt.config.problems import Problems
 from xrt.config.schema import (
     CacheArgs,
@@ -25,7 +25,8 @@ from xrt.config.schema import (
 )
 
 __all__ = [
-    "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs", "ExecutorKind",
-    "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs",
+    "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
+    "ExecutorKind", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs",
+    "SamplingArgs",
     "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

@@ -21,6 +21,20 @@ class BenchScenario(enum.Enum):
     KERNELS = "kernels"
 
 
+class BenchObjective(enum.Enum):
+    """What a bench job returns to Hydra's sweeper (Optuna optimises it; every sweep reports its best job)."""
+
+    AUTO = "auto"  # latency: tpot_ms; throughput: tokens_per_s; kernels: none
+    TTFT_MS = "ttft_ms"  # latency, mean over bench.batch (one batch: TTFT at that batch); lower is better
+    TPOT_MS = "tpot_ms"  # latency, as ttft_ms
+    TOKENS_PER_S = "tokens_per_s"  # throughput, input and output tokens; higher is better
+    OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # throughput, output tokens only
+
+
+LATENCY_OBJECTIVES = frozenset({BenchObjective.TTFT_MS, BenchObjective.TPOT_MS})
+THROUGHPUT_OBJECTIVES = frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S})
+
+
 class KernelGroup(enum.Enum):
     """The comparisons of the kernels scenario."""
 
@@ -69,12 +83,32 @@ class BenchArgs:
         factory=lambda: [1024], help="kernels scenario: cached tokens per sequence of the decode-attention cases",
         unit="tokens", validator=each(ge(1)),
     )
-    out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written")
+    out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written "
+                         "(a sweep's go under hydra.sweep.dir, by default <out_dir>/<date>_<time>)")
+    objective: BenchObjective = field(
+        BenchObjective.AUTO,
+        help="what a job returns to a sweeper (hydra/sweeper=optuna optimises it): ttft_ms, tpot_ms (latency: "
+        "mean over bench.batch), tokens_per_s, output_tokens_per_s (throughput); auto: tpot_ms or tokens_per_s",
+    )
+
+    def objective_metric(self) -> BenchObjective | None:
+        """The objective this scenario measures (auto resolved); None for the kernels scenario."""
+        if self.objective is not BenchObjective.AUTO:
+            return self.objective
+        return {BenchScenario.LATENCY: BenchObjective.TPOT_MS,
+                BenchScenario.THROUGHPUT: BenchObjective.TOKENS_PER_S}.get(self.scenario)
 
     def check(self) -> Problems:
+        problems: Problems = []
         if self.min_len > self.max_len:
-            return [("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}")]
-        return []
+            problems.append(("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}"))
+        measured = {BenchScenario.LATENCY: LATENCY_OBJECTIVES, BenchScenario.THROUGHPUT: THROUGHPUT_OBJECTIVES}
+        if self.objective is not BenchObjective.AUTO and self.objective not in measured.get(self.scenario, ()):
+            fits = sorted(o.value for o in measured.get(self.scenario, ()))
+            which = f"one of {', '.join(fits)} or auto" if fits else "auto (the kernels scenario returns none)"
+            problems.append(("objective", f"the {self.scenario.value} scenario does not measure "
+                                          f"{self.objective.value}; expected {which}"))
+        return problems
 
 
 @attrs.define

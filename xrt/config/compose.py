@@ -6,14 +6,13 @@ no logging setup. The merged dict is then validated by `xrt.reflect.build`, so e
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from xrt.config import ModelArgs, XrtConfig
-from xrt.config.verbatim import hydra_parser, literal_overrides, split, sweep_choices
+from xrt.config.verbatim import hydra_parser, literal_overrides
 from xrt.models.errors import CheckpointError
 from xrt.models.hf_config import missing_message, missing_shape_keys
 from xrt.models.hub import checkpoint_dir, checkpoint_name
@@ -73,25 +72,49 @@ def load_config(overrides: list[str] | None = None, *, config_name: str = "confi
     `ConfigError` listing every problem with its dotted field. Changes no global state (working directory,
     logging): `log_level` and the executor's switches apply when a runner is built from the config.
     String fields take their text literally (`prompt=Hello, world`); see `xrt.config.verbatim`."""
-    overrides = _as_list(overrides)
-    conf = conf_dir()
     problems: list[Problem] = []
-    parsed = parse_overrides(literal_overrides(overrides, problems), problems)
+    return compose_overrides(literal_overrides(_as_list(overrides), problems), config_name, problems)
+
+
+def compose_overrides(overrides: list[str], config_name: str, problems: list[Problem] | None = None) -> XrtConfig:
+    """`load_config` for overrides already in Hydra's syntax (string fields quoted as `literal_overrides` or a
+    sweeper writes them): the jobs of a multirun. `problems`: found earlier, reported with these."""
+    conf = conf_dir()
+    problems = list(problems or [])
+    parsed = parse_overrides(overrides, problems)
     rewritten = precheck(parsed, group_options(conf), config_names(conf), config_name, problems)
     # Unknown keys and sweeps are dropped and the rest still checked, so one run reports every
     # mistake. A bad group option or unparsable value would change what the rest is checked against.
     if not problems or all(m.startswith(("unknown field", "is a sweep")) for _, m in problems):
-        from_file: dict[str, str] = {}
         try:
-            raw = _compose(conf, config_name, rewritten)
-            _reject_unbuilt(raw)
-            from_file = _fill_from_checkpoint(raw, {o.key_or_group for o in parsed if not o.is_delete()}, problems)
-            cfg = build(XrtConfig, raw)
+            cfg = config_from_raw(_compose(conf, config_name, rewritten), explicit_keys(parsed))
         except ConfigError as e:
-            problems.extend(_blame_file(e.problems, from_file))
+            problems.extend(e.problems)
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def config_from_raw(raw: dict[str, Any], explicit: set[str]) -> XrtConfig:
+    """The validated `XrtConfig` from a composed dict (Hydra's compose API here, a multirun job's config in
+    `xrt.cli.multirun`): unbuilt parts refused, the checkpoint's shape filled in, then `build`. `explicit`: the
+    keys set on the command line (they win over config.json). Raises `ConfigError` with every problem."""
+    found: list[Problem] = []
+    from_file: dict[str, str] = {}
+    try:
+        _reject_unbuilt(raw)
+        from_file = _fill_from_checkpoint(raw, explicit, found)
+        cfg = build(XrtConfig, raw)
+    except ConfigError as e:
+        found.extend(_blame_file(e.problems, from_file))
+    if found:
+        raise ConfigError(found)
+    return cfg
+
+
+def explicit_keys(parsed: list[Any]) -> set[str]:
+    """The keys (and groups) these parsed overrides set."""
+    return {o.key_or_group for o in parsed if not o.is_delete()}
 
 
 def _as_list(overrides: list[str] | None) -> list[str]:
@@ -104,37 +127,6 @@ def _as_list(overrides: list[str] | None) -> list[str]:
     if wrong:
         raise TypeError(f"load_config: overrides must be 'key=value' strings, got {wrong[0]!r}")
     return out
-
-
-def expand_sweeps(overrides: list[str]) -> list[list[str]]:
-    """Hydra sweep syntax (`a=1,2 b=x,y`, `range(1,4)`, `glob(*)`) to one override list per job,
-    as a cartesian product in the order given (as Hydra's BasicSweeper does). A string field's value is split
-    at commas outside quoted choices, and each choice stays literal (`xrt.config.verbatim.sweep_choices`)."""
-    problems: list[Problem] = []
-    axes: dict[str, list[str]] = {}
-    options = group_options()
-    for s in overrides:
-        parts = split(s)
-        if parts is not None:
-            choices = sweep_choices(s, problems)
-            axes[parts[0] + parts[1]] = [s] if choices is None else choices
-            continue
-        for o in parse_overrides([s], problems):
-            key = o.get_key_element()
-            if not o.is_sweep_override():
-                axes[key] = [o.input_line]
-            elif o.value_type is not None and o.value_type.name == "GLOB_CHOICE_SWEEP":
-                names = o.value().filter(options.get(o.key_or_group, []))
-                if not names:
-                    problems.append((o.key_or_group, f"glob matches no option of group {o.key_or_group!r}"))
-                axes[key] = [f"{key}={n}" for n in names]
-            elif o.is_discrete_sweep():
-                axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-            else:
-                problems.append((o.key_or_group, "only a,b,c / range() / glob() sweeps are supported"))
-    if problems:
-        raise ConfigError(problems)
-    return [list(job) for job in itertools.product(*axes.values())]
 
 
 def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
@@ -155,28 +147,33 @@ def parse_overrides(overrides: list[str], problems: list[Problem]) -> list[Any]:
 
 
 def precheck(
-    parsed: list[Any], groups: dict[str, list[str]], names: list[str], config_name: str, problems: list[Problem]
+    parsed: list[Any], groups: dict[str, list[str]], names: list[str], config_name: str, problems: list[Problem],
+    *, sweeps: bool = False,
 ) -> list[str]:
     """Check every override against the schema and the group options before Hydra sees them, so all
     mistakes are reported at once with a suggestion; bad overrides are left out. Returns the overrides
-    to hand to Hydra: entries of dict fields (and `+` on existing fields) become `++`, which sets or adds."""
+    to hand to Hydra: entries of dict fields (and `+` on existing fields) become `++`, which sets or adds.
+    `sweeps` (a multirun): sweep overrides are checked as the others (each option of a group sweep) and kept;
+    otherwise they are reported (add -m). Hydra's own settings (`hydra.*`, `hydra/launcher=...`) pass as given."""
     if config_name not in names:
         problems.append(("--config-name", f"no config {config_name!r}; available: {', '.join(names)}"))
     out: list[str] = []
     for o in parsed:
         key, line = o.key_or_group, o.input_line
         value_text = line.split("=", 1)[1] if "=" in line else ""
-        if o.package is not None or key == "hydra" or key.startswith("hydra."):
+        if o.package is not None or key == "hydra" or o.is_hydra_override():
             out.append(line)
             continue
-        if o.is_sweep_override():
+        sweep = o.is_sweep_override()
+        if sweep and not sweeps:
             info = None if key in groups else find(XrtConfig, key)
             as_list = f", or write {key}=[{value_text}] for a list" if info and list_item(info.type) else ""
             problems.append((key, f"is a sweep ({value_text}): add -m to run one job per value{as_list}"))
             continue
         if key in groups:
             if not o.is_delete():
-                problems.extend(_check_option(key, o.value(), groups[key]))
+                for value in _group_choices(o) if sweep else [o.value()]:
+                    problems.extend(_check_option(key, value, groups[key]))
             out.append(line)
             continue
         where, message = _locate(key)
@@ -189,6 +186,13 @@ def precheck(
         else:
             out.append(line)
     return out
+
+
+def _group_choices(o: Any) -> list[Any]:
+    """The options a group sweep names (a glob's patterns match options by construction, so none are checked)."""
+    if o.is_choice_sweep() and o.value_type.name != "GLOB_CHOICE_SWEEP":
+        return list(o.sweep_iterator())
+    return []
 
 
 def _check_option(group: str, value: Any, options: list[str]) -> list[Problem]:
@@ -350,6 +354,6 @@ def _first_line(text: str) -> str:
 
 
 __all__ = [
-    "conf_dir", "config_names", "expand_sweeps", "group_options", "load_config", "parse_overrides", "precheck",
-    "unbuilt_options",
+    "compose_overrides", "conf_dir", "config_from_raw", "config_names", "explicit_keys", "group_options",
+    "load_config", "parse_overrides", "precheck", "unbuilt_options",
 ]

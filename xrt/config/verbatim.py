@@ -10,8 +10,8 @@ The rule (also in `xrt --help`):
 - with -m, commas separate choices (`prompt=a,b`: one job each), except inside a quoted choice
   (`prompt='Hello, world',Bye`) or written `\\,`; each choice is then literal, or Hydra-quoted, as above.
 
-Everything here rewrites override strings only, so the CLI's own sweeps and Hydra's multirun (issue 14) can
-share it."""
+Everything here rewrites override strings only: `literal_overrides` for one run, `sweep_overrides` for Hydra's
+multirun (its sweepers see each string choice as one quoted value)."""
 
 from __future__ import annotations
 
@@ -132,6 +132,24 @@ def sweep_choices(override: str, problems: list[Problem]) -> list[str] | None:
             for p in pieces]
 
 
+def sweep_overrides(overrides: list[str], problems: list[Problem]) -> list[str]:
+    """With -m: the overrides in Hydra's syntax for its sweepers. A string field's choices (`sweep_choices`)
+    become one Hydra choice sweep of quoted values (`prompt=3.10,Hi!` -> `prompt='3.10','Hi!'`), so each job
+    gets exactly the text given; a string field that does not sweep is quoted as `literal_overrides` does;
+    every other override is left to Hydra as written."""
+    out = []
+    for s in overrides:
+        choices = sweep_choices(s, problems)
+        if choices is None:
+            out.extend(literal_overrides([s], problems))
+            continue
+        quoted = literal_overrides(choices, problems)
+        if quoted:
+            head = quoted[0].split("=", 1)[0]
+            out.append(f"{head}={','.join(q.split('=', 1)[1] for q in quoted)}")
+    return out
+
+
 _FUNCTION = re.compile(r"[ \t]*[A-Za-z_]\w*[ \t]*\(")
 
 
@@ -161,4 +179,7 @@ def _choices(value: str) -> list[str]:
     return [p.strip(" \t") for p in pieces]
 
 
-__all__ = ["as_override", "literal_overrides", "looks_quoted", "quote", "split", "string_fields", "sweep_choices"]
+__all__ = [
+    "as_override", "literal_overrides", "looks_quoted", "quote", "split", "string_fields", "sweep_choices",
+    "sweep_overrides",
+]
