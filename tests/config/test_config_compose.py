@@ -131,11 +131,11 @@ def test_the_composer_is_library_code_without_the_cli() -> None:
 
 def test_errors_name_the_field_and_are_all_reported_at_once() -> None:
     found = problems_of(["mdoel.name=x", "executor.kind=fast", "cache.kv_size_gb=-1", "+new.key=1", "tp=2",
-                         "cache.l1.size_gb=8"])
+                         "cache.l3.size_gb=8"])
     assert found["mdoel.name"] == "unknown field; did you mean model.name?"
     assert found["executor.kind"] == "must be one of eager, cudagraph, got 'fast'"
     assert found["cache.kv_size_gb"] == "must be > 0, got -1"
-    assert found["cache.l1.size_gb"].startswith("unknown field")
+    assert found["cache.l3.size_gb"].startswith("unknown field")
     assert found["new.key"].startswith("unknown field")
     assert found["tp"] == "unknown field; did you mean parallel.tp?"
 

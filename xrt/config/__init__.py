@@ -13,6 +13,9 @@ from xrt.config.schema import (
     DType,
     ExecutorArgs,
     ExecutorKind,
+    L1Args,
+    L2Args,
+    L2Backend,
     LoadFormat,
     LogLevel,
     ModelArgs,
@@ -25,6 +28,6 @@ from xrt.config.schema import (
 
 __all__ = [
     "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs", "ExecutorKind",
-    "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems", "ProfileArgs", "SamplingArgs",
-    "SchedulerArgs", "XrtConfig", "runtime_check",
+    "L1Args", "L2Args", "L2Backend", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems",
+    "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

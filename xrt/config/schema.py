@@ -203,6 +203,32 @@ class ExecutorArgs:
         return out
 
 
+class L2Backend(enum.Enum):
+    """NIXL backends L2 can store through: files (POSIX; GDS and GDS_MT for GPUDirect Storage) or objects (OBJ)."""
+
+    POSIX = "POSIX"
+    GDS = "GDS"
+    GDS_MT = "GDS_MT"
+    OBJ = "OBJ"
+
+
+@attrs.define
+class L1Args:
+    size_gb: float = field(4.0, help="L1 KV tier: host memory (pinned on CUDA) for KV chunks", unit="GB",
+                           validator=gt(0))
+
+
+@attrs.define
+class L2Args:
+    path: str = field("", help="L2 KV tier: directory of the chunk files; empty: <XRT_CACHE_DIR>/kv")
+    backend: L2Backend = field(L2Backend.POSIX, help="NIXL backend L2 transfers through")
+    backend_params: dict[str, str] = field(
+        factory=dict, help="passed to the NIXL backend as its init parameters (e.g. POSIX use_uring: true)"
+    )
+    size_gb: float = field(64.0, help="most bytes of chunk files per model namespace (LRU beyond)", unit="GB",
+                           validator=gt(0))
+
+
 @attrs.define
 class CacheArgs:
     page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=[power_of_two(), le(2**30)])
@@ -217,6 +243,18 @@ class CacheArgs:
         0, help="explicit number of KV pages; 0: derive from memory", validator=[ge(0), le(INT32_MAX)]
     )
     prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
+    chunk_tokens: int = field(
+        256, help="tokens per KV chunk, the unit the L1/L2 tiers store and key (a multiple of page_size)",
+        unit="tokens", validator=[ge(1), le(2**20)]
+    )
+    l1: L1Args = field(factory=L1Args, help="L1 KV tier (cache=l1, l1_l2)")
+    l2: L2Args = field(factory=L2Args, help="L2 KV tier through NIXL (cache=l1_l2)")
+
+    def check(self) -> Problems:
+        if self.chunk_tokens % self.page_size:
+            return [("chunk_tokens",
+                     f"must be a multiple of cache.page_size={self.page_size}, got {self.chunk_tokens}")]
+        return []
 
 
 @attrs.define
