@@ -6,11 +6,17 @@ import threading
 
 import pytest
 import torch
-from kvstore_support import chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, key
 
 from xrt.kvstore.chunk import ChunkLayout, checksum
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.l1 import L1Cache, L1Full
+
+
+@pytest.fixture
+def layout() -> ChunkLayout:
+    """(a fixture, not a conftest.py: tests/ has one conftest module name, taken by tests/conftest.py)"""
+    return LAYOUT
 
 
 def test_put_get_round_trip_and_checksum(layout: ChunkLayout) -> None:

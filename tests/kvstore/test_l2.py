@@ -23,6 +23,12 @@ NS = "ab" * 32
 ARGS = L2Args(path="", backend=L2Backend.POSIX, backend_params={}, size_gb=1.0)
 
 
+@pytest.fixture
+def layout() -> ChunkLayout:
+    """(a fixture, not a conftest.py: tests/ has one conftest module name, taken by tests/conftest.py)"""
+    return LAYOUT
+
+
 def fill(l1: L1Cache, keys: list[int]) -> list[tuple[bytes, int, int]]:
     """Put chunks into L1 and return them as store items, (key, slot, crc), the slots referenced."""
     items = []
@@ -38,7 +44,7 @@ def load_into(l1: L1Cache, l2: L2Store, keys: list[int]) -> list[torch.Tensor | 
     ok = l2.load([(key(i), s) for i, s in zip(keys, slots, strict=True)])
     out: list[torch.Tensor | None] = []
     for good, s in zip(ok, slots, strict=True):
-        out.append(l1.slot_view(s).clone() if good else None)
+        out.append(l1.slot_view(s).clone() if good is not None else None)
         l1.abort(s)
     return out
 

@@ -13,6 +13,7 @@ from xrt.config.schema import (
     DType,
     ExecutorArgs,
     ExecutorKind,
+    KVTiers,
     L1Args,
     L2Args,
     L2Backend,
@@ -28,6 +29,6 @@ from xrt.config.schema import (
 
 __all__ = [
     "BenchArgs", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs", "ExecutorKind",
-    "L1Args", "L2Args", "L2Backend", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems",
+    "KVTiers", "L1Args", "L2Args", "L2Backend", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "Problems",
     "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

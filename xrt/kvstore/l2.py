@@ -17,12 +17,15 @@ the entry and file are dropped. Existence comes from the index (index.py), never
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import checksum
@@ -37,6 +40,22 @@ DIR_PREFIX = "xrt-kv-"
 # Spin this long before sleeping between polls: a POSIX batch of a few chunks is often done within it.
 SPIN_S = 200e-6
 MAX_POLL_SLEEP_S = 2e-3
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """One call at a time: the agent is made without NIXL's own locking (NIXL_THREAD_SYNC_NONE, the default
+    without a listener thread) and the index is plain Python; the L2 writer thread and the scheduler share
+    the store."""
+
+    @functools.wraps(method)
+    def run(self: L2Store, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 class L2Error(RuntimeError):
@@ -54,6 +73,7 @@ class L2Store:
             # OBJ transfers address objects (OBJ_SEG descriptors keyed by name), not files: this store's
             # file naming, renames and index do not apply; it needs its own store class.
             raise NotImplementedError("cache.l2.backend=OBJ: the object-store L2 is not built yet; use POSIX or GDS")
+        self._lock = threading.RLock()
         self.l1 = l1
         self.backend = args.backend.value
         self.chunk_bytes = l1.layout.nbytes
@@ -81,12 +101,14 @@ class L2Store:
 
     # ------------------------------------------------------------------ lookups
 
+    @_locked
     def contains(self, key: bytes) -> bool:
         if self.index is None:
             return False
         self.index.refresh()
         return key.hex() in self.index.entries
 
+    @_locked
     def __len__(self) -> int:
         if self.index is None:
             return 0
@@ -123,6 +145,7 @@ class L2Store:
                 handle.release()
             self.agent.deregister_memory(file_reg, backends=[self.backend])
 
+    @_locked
     def store(self, items: Sequence[tuple[bytes, int, int]]) -> list[bytes]:
         """Write chunks from L1 slots: (key, slot, crc) each, the slots referenced by the caller until this
         returns. Returns the keys published now; keys already stored are skipped (a no-op), and a failed batch
@@ -162,11 +185,12 @@ class L2Store:
         self.stored += len(published)
         return [k for k, _, _ in todo]
 
-    def load(self, items: Sequence[tuple[bytes, int]]) -> list[bool]:
-        """Read chunks into L1 slots the caller reserved: (key, slot) each. True where the slot now holds the
-        chunk with its stored crc32; False for a miss (not indexed, file gone, failed transfer, bad crc: the
-        entry is dropped). The caller publishes the slots that loaded and aborts the others."""
-        ok = [False] * len(items)
+    @_locked
+    def load(self, items: Sequence[tuple[bytes, int]]) -> list[int | None]:
+        """Read chunks into L1 slots the caller reserved: (key, slot) each. The chunk's crc32 where the slot
+        now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc: the entry
+        is dropped). The caller publishes the slots that loaded (with that crc) and aborts the others."""
+        ok: list[int | None] = [None] * len(items)
         if self.index is None or not items:
             return ok
         self.index.refresh()
@@ -192,7 +216,7 @@ class L2Store:
                     return ok
                 for i, key_hex, crc, _ in want:
                     if checksum(self.l1.slot_bytes(items[i][1])) == crc:
-                        ok[i] = True
+                        ok[i] = crc
                         self.index.touch(key_hex)
                     else:
                         log.warning("L2 chunk %s failed its checksum: dropped", key_hex[:16])
@@ -208,11 +232,12 @@ class L2Store:
                     self.index.update(remove=gone)
                 except OSError as e:  # the entries stay listed; the next load finds them bad again
                     log.warning("L2 index update failed: %s", e)
-        self.loaded += sum(ok)
+        self.loaded += sum(crc is not None for crc in ok)
         return ok
 
     # ------------------------------------------------------------------ housekeeping
 
+    @_locked
     def clear(self) -> None:
         """Remove this namespace's directory: other models' chunks under the same path stay."""
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -220,6 +245,7 @@ class L2Store:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.index = L2Index(self.dir)
 
+    @_locked
     def close(self) -> None:
         if self._reg is not None:
             self.agent.deregister_memory(self._reg, backends=[self.backend])
