@@ -92,3 +92,36 @@ def test_corrupt_l2_chunk_is_recomputed(diverse_cfg: Callable[..., XrtConfig], t
     again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     assert outputs(again, prompts(0)[:1]) == want[:1]
     assert tiers_of(again).stats.hit_tokens[L2] == 0 and tiers_of(again).stats.failed_loads == 1
+
+
+def test_gpu_hit_ending_inside_a_chunk(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path,
+                                       want: list[list[int]]) -> None:
+    """The GPU cache lost only the tail pages of a prefix (tail pages are evicted first): the GPU serves the
+    pages it kept, L1 the rest of the chunk they end in and the chunks after it."""
+    mid_chunk = 0
+    for n in range(2, 12, 3):
+        llm = LLM(diverse_cfg(cache=cache(KVTiers.L1, tmp_path)))
+        tiers = tiers_of(llm)
+        outputs(llm, prompts(0)[:1])
+        tiers.evict(max_pages=n)
+        assert outputs(llm, [prompts(0)[2]]) == [want[2]], n
+        gpu, l1 = tiers.stats.hit_tokens[GPU], tiers.stats.hit_tokens[L1]
+        assert gpu + l1 == 5 * CHUNK, n  # the whole shared prefix, from one tier or the other
+        mid_chunk += gpu % CHUNK != 0 and l1 > 0
+    assert mid_chunk > 0
+
+
+def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path,
+                                                  want: list[list[int]]) -> None:
+    first = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    outputs(first, prompts(0)[:1])
+    tiers_of(first).flush()
+    again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    tiers = tiers_of(again)
+    tiers._l2_bw, tiers._prefill_rate = 1.0, 1e12  # 1 byte/s storage against instant prefill
+    assert outputs(again, [prompts(0)[2]]) == [want[2]]
+    assert tiers.stats.hit_tokens[L2] == 0 and tiers.stats.skipped_slow >= 1
+    tiers.flush()
+    fast = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    tiers_of(fast)._l2_bw, tiers_of(fast)._prefill_rate = 1e15, 1.0  # now loading wins
+    assert outputs(fast, [prompts(0)[2]]) == [want[2]] and tiers_of(fast).stats.hit_tokens[L2] >= 5 * CHUNK
