@@ -12,20 +12,25 @@ chunk on each side), posted and then polled with `check_xfer_state` until DONE o
 and then sleeps with a growing interval (NIXL's Python API has no blocking wait). A key is published (renamed
 and added to the index) only after its batch reported DONE; on any failure the batch's temp files are removed
 and nothing is published. Loads verify the crc32 in the name against the bytes read; a mismatch is a miss and
-the entry and file are dropped. Existence comes from the index (index.py), never from query_memory."""
+the entry and file are dropped. Existence comes from the index (index.py), never from query_memory.
+
+Threads: the L2 writer thread stores while the scheduler's thread looks up and loads. Each direction has its
+own agent (both register the L1 buffer), so a load never queues behind a store's transfer, and lookups take
+only the index lock, held for dict work and index file I/O, never across a transfer. NIXL agents are made
+without their own locking (NIXL_THREAD_SYNC_NONE, the default without a listener thread), so each agent has
+a lock too."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import checksum
@@ -42,24 +47,30 @@ SPIN_S = 200e-6
 MAX_POLL_SLEEP_S = 2e-3
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _locked(method: F) -> F:
-    """One call at a time: the agent is made without NIXL's own locking (NIXL_THREAD_SYNC_NONE, the default
-    without a listener thread) and the index is plain Python; the L2 writer thread and the scheduler share
-    the store."""
-
-    @functools.wraps(method)
-    def run(self: L2Store, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return run  # type: ignore[return-value]
-
-
 class L2Error(RuntimeError):
     """A transfer that did not complete (ERR state, or NIXL raised)."""
+
+
+class _Agent:
+    """One NIXL agent with the L1 buffer registered, and the lock its callers take."""
+
+    def __init__(self, api: Any, name: str, backend: str, params: dict[str, str], l1: L1Cache) -> None:
+        self.lock = threading.Lock()
+        self.backend = backend
+        self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
+        self.agent.create_backend(backend, params)
+        buf = l1.buffer
+        self.dev = max(buf.get_device(), 0)
+        self.mem = "VRAM" if buf.is_cuda else "DRAM"
+        self.base = buf.data_ptr()
+        self.reg: Any = self.agent.register_memory([(self.base, buf.numel(), self.dev, "")], self.mem,
+                                                   backends=[backend])
+
+    def close(self) -> None:
+        with self.lock:
+            if self.reg is not None:
+                self.agent.deregister_memory(self.reg, backends=[self.backend])
+                self.reg = None
 
 
 def l2_dir(root: str | Path, namespace_hex: str) -> Path:
@@ -73,7 +84,7 @@ class L2Store:
             # OBJ transfers address objects (OBJ_SEG descriptors keyed by name), not files: this store's
             # file naming, renames and index do not apply; it needs its own store class.
             raise NotImplementedError("cache.l2.backend=OBJ: the object-store L2 is not built yet; use POSIX or GDS")
-        self._lock = threading.RLock()
+        self._index_lock = threading.Lock()
         self.l1 = l1
         self.backend = args.backend.value
         self.chunk_bytes = l1.layout.nbytes
@@ -89,51 +100,49 @@ class L2Store:
         self.index = L2Index(self.dir) if self.error is None else None
         api = nixl_api()
         name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
-        self.agent.create_backend(self.backend, dict(args.backend_params))
-        buf = l1.buffer
-        self._dev = max(buf.get_device(), 0)
-        self._mem = "VRAM" if buf.is_cuda else "DRAM"
-        self._base = buf.data_ptr()
-        self._reg = self.agent.register_memory([(self._base, buf.numel(), self._dev, "")], self._mem,
-                                               backends=[self.backend])
+        params = dict(args.backend_params)
+        self._agents = {op: _Agent(api, f"{name}-{op.lower()}", self.backend, params, l1) for op in ("WRITE", "READ")}
         self.stored = self.loaded = self.corrupt = 0
 
     # ------------------------------------------------------------------ lookups
 
-    @_locked
     def contains(self, key: bytes) -> bool:
         if self.index is None:
             return False
-        self.index.refresh()
-        return key.hex() in self.index.entries
+        with self._index_lock:
+            self.index.refresh()
+            return key.hex() in self.index.entries
 
-    @_locked
     def __len__(self) -> int:
         if self.index is None:
             return 0
-        self.index.refresh()
-        return len(self.index.entries)
+        with self._index_lock:
+            self.index.refresh()
+            return len(self.index.entries)
 
     # ------------------------------------------------------------------ transfers
 
     def _transfer(self, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
         """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE."""
-        n = self.chunk_bytes
-        file_reg = self.agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
+        a = self._agents[op]
+        with a.lock:
+            self._transfer_with(a, op, slots, fds)
+
+    def _transfer_with(self, a: _Agent, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
+        n, agent = self.chunk_bytes, a.agent
+        file_reg = agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
         handle = None
         try:
-            local = self.agent.get_xfer_descs(
-                [(self._base + self.l1.slot_offset(s), n, self._dev) for s in slots], self._mem)
-            remote = self.agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
-            handle = self.agent.initialize_xfer(op, local, remote, self.agent.name, backends=[self.backend])
-            state = self.agent.transfer(handle)
+            local = agent.get_xfer_descs([(a.base + self.l1.slot_offset(s), n, a.dev) for s in slots], a.mem)
+            remote = agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
+            handle = agent.initialize_xfer(op, local, remote, agent.name, backends=[self.backend])
+            state = agent.transfer(handle)
             start, pause = time.perf_counter(), 20e-6
             while state == "PROC":
                 if time.perf_counter() - start > SPIN_S:
                     time.sleep(pause)
                     pause = min(2 * pause, MAX_POLL_SLEEP_S)
-                state = self.agent.check_xfer_state(handle)
+                state = agent.check_xfer_state(handle)
             if state != "DONE":
                 raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks ended in state {state}")
         except L2Error:
@@ -143,18 +152,19 @@ class L2Store:
         finally:
             if handle is not None:
                 handle.release()
-            self.agent.deregister_memory(file_reg, backends=[self.backend])
+            agent.deregister_memory(file_reg, backends=[self.backend])
 
-    @_locked
     def store(self, items: Sequence[tuple[bytes, int, int]]) -> list[bytes]:
         """Write chunks from L1 slots: (key, slot, crc) each, the slots referenced by the caller until this
         returns. Returns the keys published now; keys already stored are skipped (a no-op), and a failed batch
         publishes nothing."""
-        if self.index is None:
+        index = self.index
+        if index is None:
             return []
-        self.index.refresh()
-        todo = [(k, s, c) for k, s, c in dict((k, (k, s, c)) for k, s, c in items).values()
-                if k.hex() not in self.index.entries]
+        with self._index_lock:
+            index.refresh()
+            todo = [(k, s, c) for k, s, c in dict((k, (k, s, c)) for k, s, c in items).values()
+                    if k.hex() not in index.entries]
         # more than the limit at once would only evict part of this batch again
         todo = todo[: self.limit]
         if not todo:
@@ -172,7 +182,8 @@ class L2Store:
             for (k, _, crc), tmp in zip(todo, tmps, strict=True):
                 os.replace(tmp, self.dir / data_name(k.hex(), crc))
                 published.append((k.hex(), crc))
-            self.index.update(add=published, limit=self.limit)
+            with self._index_lock:
+                index.update(add=published, limit=self.limit)
         except (OSError, L2Error) as e:
             log.warning("L2 store of %d chunks failed, nothing published: %s", len(todo), e)
             for tmp in tmps:
@@ -185,20 +196,21 @@ class L2Store:
         self.stored += len(published)
         return [k for k, _, _ in todo]
 
-    @_locked
     def load(self, items: Sequence[tuple[bytes, int]]) -> list[int | None]:
         """Read chunks into L1 slots the caller reserved: (key, slot) each. The chunk's crc32 where the slot
         now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc: the entry
         is dropped). The caller publishes the slots that loaded (with that crc) and aborts the others."""
         ok: list[int | None] = [None] * len(items)
-        if self.index is None or not items:
+        index = self.index
+        if index is None or not items:
             return ok
-        self.index.refresh()
+        with self._index_lock:
+            index.refresh()
+            entries = [index.entries.get(k.hex()) for k, _ in items]
         want: list[tuple[int, str, int, int]] = []  # (item, key hex, crc, fd)
         gone: list[str] = []
         try:
-            for i, (k, _) in enumerate(items):
-                entry = self.index.entries.get(k.hex())
+            for i, ((k, _), entry) in enumerate(zip(items, entries, strict=True)):
                 if entry is None:
                     continue
                 crc = int(entry[0])
@@ -217,7 +229,8 @@ class L2Store:
                 for i, key_hex, crc, _ in want:
                     if checksum(self.l1.slot_bytes(items[i][1])) == crc:
                         ok[i] = crc
-                        self.index.touch(key_hex)
+                        with self._index_lock:
+                            index.touch(key_hex)
                     else:
                         log.warning("L2 chunk %s failed its checksum: dropped", key_hex[:16])
                         self.corrupt += 1
@@ -229,7 +242,8 @@ class L2Store:
                 os.close(fd)
             if gone:
                 try:
-                    self.index.update(remove=gone)
+                    with self._index_lock:
+                        index.update(remove=gone)
                 except OSError as e:  # the entries stay listed; the next load finds them bad again
                     log.warning("L2 index update failed: %s", e)
         self.loaded += sum(crc is not None for crc in ok)
@@ -237,16 +251,14 @@ class L2Store:
 
     # ------------------------------------------------------------------ housekeeping
 
-    @_locked
     def clear(self) -> None:
         """Remove this namespace's directory: other models' chunks under the same path stay."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        if self.error is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.index = L2Index(self.dir)
+        with self._index_lock:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.error is None:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self.index = L2Index(self.dir)
 
-    @_locked
     def close(self) -> None:
-        if self._reg is not None:
-            self.agent.deregister_memory(self._reg, backends=[self.backend])
-            self._reg = None
+        for a in self._agents.values():
+            a.close()
