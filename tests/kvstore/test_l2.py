@@ -190,3 +190,17 @@ def test_two_processes_share_a_directory(tmp_path: Path, l1: L1Cache) -> None:
         for i, chunk in zip(batch, load_into(l1, l2, batch), strict=True):
             assert chunk is not None and torch.equal(chunk, chunk_of(LAYOUT, i)), i
     assert not list(l2_dir(tmp_path, NS).glob(".*.tmp"))
+
+
+def test_stale_temp_files_are_removed(tmp_path: Path, l1: L1Cache) -> None:
+    """A store killed mid-write leaves a temp file; the next store on the directory removes it, unless its
+    process still runs (it may be writing now)."""
+    d = l2_dir(tmp_path, NS)
+    L2Store(ARGS, tmp_path, NS, l1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = d / f".{key(0).hex()}.{dead.stdout.strip()}-abcd1234.tmp"
+    live = d / f".{key(1).hex()}.{os.getpid()}-abcd1234.tmp"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    L2Store(ARGS, tmp_path, NS, l1)
+    assert not stale.exists() and live.exists()

@@ -45,6 +45,9 @@ DIR_PREFIX = "xrt-kv-"
 # Spin this long before sleeping between polls: a POSIX batch of a few chunks is often done within it.
 SPIN_S = 200e-6
 MAX_POLL_SLEEP_S = 2e-3
+TEMP_SUFFIX = ".tmp"
+# a temp file this old belongs to a store that died (a live one renames within a transfer's time)
+STALE_TEMP_S = 3600.0
 
 
 class L2Error(RuntimeError):
@@ -73,6 +76,32 @@ class _Agent:
                 self.reg = None
 
 
+def remove_stale_temps(directory: Path) -> list[str]:
+    """Delete temp files of stores that will never finish: their process (pid in the name) is gone, or they
+    are older than STALE_TEMP_S (another host's process, sharing the directory). Returns the names removed."""
+    removed = []
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for e in os.scandir(directory):
+            if not (e.name.startswith(".") and e.name.endswith(TEMP_SUFFIX)):
+                continue
+            try:
+                pid = int(e.name[: -len(TEMP_SUFFIX)].rsplit(".", 1)[1].split("-")[0])
+                os.kill(pid, 0)
+                alive = True
+            except (ValueError, IndexError, ProcessLookupError):
+                alive = False
+            except PermissionError:  # another user's live process
+                alive = True
+            try:
+                if not alive or now - e.stat().st_mtime > STALE_TEMP_S:
+                    os.unlink(e.path)
+                    removed.append(e.name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def l2_dir(root: str | Path, namespace_hex: str) -> Path:
     return Path(root) / f"{DIR_PREFIX}{namespace_hex[:32]}"
 
@@ -98,6 +127,8 @@ class L2Store:
             self.error = f"cache.l2.path: cannot create {self.dir}: {e.strerror or e}"
             log.warning("%s; the L2 tier stores nothing", self.error)
         self.index = L2Index(self.dir) if self.error is None else None
+        if self.index is not None:
+            remove_stale_temps(self.dir)
         api = nixl_api()
         name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         params = dict(args.backend_params)
@@ -174,7 +205,7 @@ class L2Store:
         fds: list[int] = []
         try:
             for k, _, _ in todo:
-                tmp = self.dir / f".{k.hex()}.{tag}.tmp"
+                tmp = self.dir / f".{k.hex()}.{tag}{TEMP_SUFFIX}"
                 fds.append(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
                 tmps.append(tmp)
             self._transfer("WRITE", [s for _, s, _ in todo], fds)

@@ -7,6 +7,9 @@ wheels are tried after the meta package."""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from types import ModuleType
 
 
@@ -28,4 +31,16 @@ def nixl_api() -> ModuleType:
                 raise NixlUnavailable(
                     "cache.l2 needs NIXL: pip install --no-deps 'nixl-cu13==1.5.1' (or nixl-cu12 for a CUDA 12 torch)"
                 ) from e
+    _quiet_logging()
     return api
+
+
+def _quiet_logging() -> None:
+    """NIXL's Python logger writes INFO lines (every agent and backend made) to stdout, where `xrt run` prints
+    its generations: keep it to warnings (NIXL_LOG_LEVEL, NIXL's own variable, still wins) and on stderr."""
+    logger = logging.getLogger("nixl")
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        logger.setLevel(logging.WARNING)
+    for h in logger.handlers:
+        if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout:
+            h.setStream(sys.stderr)

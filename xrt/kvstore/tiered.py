@@ -18,9 +18,11 @@ prefills from num_computed_tokens."""
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -81,6 +83,10 @@ class TieredKVCacheManager(KVCacheManager):
         if l2 is not None:
             self._writer = threading.Thread(target=self._write_l2, name="xrt-kv-l2", daemon=True)
             self._writer.start()
+            # the writer is a daemon (it must never keep a process alive); at exit, let it finish what is queued
+            # so a run's chunks are in L2 for the next one. A weak reference: the hook keeps no manager alive.
+            ref = weakref.ref(self)
+            atexit.register(lambda: (m := ref()) is not None and m.flush())
         self.add_commit_listener(self._on_commit)
 
     # ------------------------------------------------------------------ store: GPU -> L1 -> L2
