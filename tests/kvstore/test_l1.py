@@ -28,7 +28,9 @@ def test_put_get_round_trip_and_checksum(layout: ChunkLayout) -> None:
     assert l1.get(key(0), out) and torch.equal(out, chunk)
     assert not l1.get(key(1), out)
     slot, crc = l1.acquire(key(0))
-    assert crc == checksum(chunk.contiguous())
+    assert crc is None  # not computed until asked (the L2 writer asks)
+    assert l1.checksum_of(key(0), slot) == checksum(chunk.contiguous()) == l1.acquire(key(0))[1]
+    l1.release(slot)
     l1.release(slot)
 
 

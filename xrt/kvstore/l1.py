@@ -3,8 +3,10 @@
 The buffer is pinned when CUDA is present (so GPU <-> L1 copies run asynchronously and NIXL can register it
 once) and plain memory on CPU (pinning needs a CUDA driver). A slot being written (`reserve` .. `publish` /
 `abort`) or read (`acquire` .. `release`) has a reference, and eviction only takes published slots with none,
-so a transfer in flight never sees its bytes reused. Each published chunk keeps its crc32 (chunk.checksum),
-computed once when it is published, so L2 can store it beside the bytes and verify them on load.
+so a transfer in flight never sees its bytes reused. Each published chunk keeps its crc32 (chunk.checksum)
+once known: given at publish when it came from L2 (verified there), else computed on first use by
+`checksum_of` (the L2 writer thread asks, so the scheduler's thread never spends the ~10 ms a 28 MiB chunk
+costs, and cache=l1 alone never computes one).
 Thread-safe: the storing thread and the scheduler's thread share it."""
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from xrt.kvstore.chunk import ChunkLayout, checksum
 @attrs.define
 class _Entry:
     slot: int
-    crc: int
+    crc: int | None
 
 
 class L1Full(RuntimeError):
@@ -71,14 +73,26 @@ class L1Cache:
             self._writing[slot] = key
             return slot
 
-    def publish(self, slot: int, crc: int | None = None) -> int:
-        """The chunk written to `slot` becomes visible (most recently used); returns its crc32, computed here
-        unless the caller verified it already (a load from L2)."""
-        crc = checksum(self.slot_bytes(slot)) if crc is None else crc
+    def publish(self, slot: int, crc: int | None = None) -> None:
+        """The chunk written to `slot` becomes visible (most recently used), with its crc32 when the caller
+        knows it (a load from L2 verified it)."""
         with self._lock:
             key = self._writing.pop(slot)
             self._entries[key] = _Entry(slot, crc)
             self._refs[slot] -= 1
+
+    def checksum_of(self, key: bytes, slot: int) -> int:
+        """The crc32 of a published chunk the caller holds referenced (acquire), computed once. zlib releases
+        the GIL over large buffers, so computing it in a background thread does not stall the others."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.slot == slot and entry.crc is not None:
+                return entry.crc
+        crc = checksum(self.slot_bytes(slot))
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry.slot == slot:
+                entry.crc = crc
         return crc
 
     def abort(self, slot: int) -> None:
@@ -102,9 +116,9 @@ class L1Cache:
         with self._lock:
             return key in self._entries
 
-    def acquire(self, key: bytes) -> tuple[int, int] | None:
-        """(slot, crc) of a published chunk, referenced until `release` (eviction leaves it alone) and made
-        most recently used; None on a miss."""
+    def acquire(self, key: bytes) -> tuple[int, int | None] | None:
+        """(slot, crc or None when not computed yet) of a published chunk, referenced until `release`
+        (eviction leaves it alone) and made most recently used; None on a miss."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:

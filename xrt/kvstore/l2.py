@@ -185,10 +185,10 @@ class L2Store:
                 handle.release()
             agent.deregister_memory(file_reg, backends=[self.backend])
 
-    def store(self, items: Sequence[tuple[bytes, int, int]]) -> list[bytes]:
-        """Write chunks from L1 slots: (key, slot, crc) each, the slots referenced by the caller until this
-        returns. Returns the keys published now; keys already stored are skipped (a no-op), and a failed batch
-        publishes nothing."""
+    def store(self, items: Sequence[tuple[bytes, int, int | None]]) -> list[bytes]:
+        """Write chunks from L1 slots: (key, slot, crc) each (crc None: L1 computes it now), the slots
+        referenced by the caller until this returns. Returns the keys published now; keys already stored are
+        skipped (a no-op), and a failed batch publishes nothing."""
         index = self.index
         if index is None:
             return []
@@ -197,7 +197,7 @@ class L2Store:
             todo = [(k, s, c) for k, s, c in dict((k, (k, s, c)) for k, s, c in items).values()
                     if k.hex() not in index.entries]
         # more than the limit at once would only evict part of this batch again
-        todo = todo[: self.limit]
+        todo = [(k, s, self.l1.checksum_of(k, s) if c is None else c) for k, s, c in todo[: self.limit]]
         if not todo:
             return []
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -78,7 +78,7 @@ class TieredKVCacheManager(KVCacheManager):
         self._gathers: list[tuple[torch.cuda.Event | None, list[int], int, bytes]] = []  # (done, pages, slot, key)
         self._l2_bw: float | None = None  # bytes/s of L2 loads, moving average
         self._prefill_rate: float | None = None  # tokens/s of prefill steps, moving average
-        self._queue: queue.Queue[tuple[bytes, int, int] | None] = queue.Queue(L2_QUEUE_CHUNKS)
+        self._queue: queue.Queue[tuple[bytes, int, int | None] | None] = queue.Queue(L2_QUEUE_CHUNKS)
         self._writer: threading.Thread | None = None
         if l2 is not None:
             self._writer = threading.Thread(target=self._write_l2, name="xrt-kv-l2", daemon=True)
@@ -120,13 +120,13 @@ class TieredKVCacheManager(KVCacheManager):
                 left.append((done, pages, slot, key))
                 continue
             self.unpin(pages)
-            crc = self.l1.publish(slot)
+            self.l1.publish(slot)  # its crc32 is computed by the L2 writer, off this thread
             self.stats.stored_l1 += 1
             if self._writer is not None:
                 got = self.l1.acquire(key)  # referenced until written: L1 eviction must not reuse it
                 if got is not None:
                     try:
-                        self._queue.put_nowait((key, got[0], crc))
+                        self._queue.put_nowait((key, got[0], got[1]))
                     except queue.Full:
                         self.l1.release(got[0])
                         self.stats.dropped_l2 += 1
