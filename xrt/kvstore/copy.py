@@ -45,6 +45,8 @@ class ChunkCopier:
         if self.stream is None:
             self.kv.index_copy_(1, self._index(page_ids), slot)
             return None
+        # fresh pages may have belonged to a sequence whose last step is still queued on the compute stream
+        self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
         with torch.cuda.stream(self.stream):
             up = slot.to(self.kv.device, non_blocking=True)
             self.kv.index_copy_(1, self._index(page_ids), up)
