@@ -125,3 +125,20 @@ def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., Xrt
     fast = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     tiers_of(fast)._l2_bw, tiers_of(fast)._prefill_rate = 1e15, 1.0  # now loading wins
     assert outputs(fast, [prompts(0)[2]]) == [want[2]] and tiers_of(fast).stats.hit_tokens[L2] >= 5 * CHUNK
+
+
+def test_a_stalled_l2_never_blocks_generation(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path) -> None:
+    """The L2 writer stuck in a transfer (its agent's lock held here): generation still finishes, the chunks
+    past the writer's bounded queue are dropped and counted, and the queued ones land once it resumes."""
+    llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    tiers = tiers_of(llm)
+    assert tiers.l2 is not None
+    rng = random.Random(1)
+    batch = [[rng.randrange(3, 2000) for _ in range(10 * CHUNK + 1)] for _ in range(8)]  # 80 chunks
+    with tiers.l2._agents["WRITE"].lock:
+        outs = llm.generate(batch, SAMPLING, use_tqdm=False)
+        assert all(len(o.token_ids) == SAMPLING.max_tokens for o in outs)
+        assert tiers.stats.dropped_l2 > 0
+    tiers.flush()
+    s = tiers.stats
+    assert s.stored_l1 == 80 and s.stored_l2 + s.dropped_l2 == 80 and s.stored_l2 > 0
