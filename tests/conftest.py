@@ -23,6 +23,7 @@ from interpret_guard import register as register_interpret_guard
 from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
 from xrt.executor.interface import PendingTokens
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.device import DeviceKVCache, KVLayout
 
 # ---------------------------------------------------------------- GPU tests: *_gpu.py, collected with --gpu
 
@@ -186,6 +187,8 @@ class FakeRunner:
         self.decode_capacity = 0  # no launch_decode: every step goes through execute()
         self.last_argmax: torch.Tensor | None = None
         self.kv: list[tuple[int, int] | None] = [None] * (num_pages * page_size)
+        # the Runner protocol's device KV tensor (what KV tiers copy); the fake keeps its KV in self.kv
+        self.kv_cache = DeviceKVCache([], KVLayout(1, page_size, 1, 1, torch.float32), num_pages, self.device)
         self.steps: list[StepInput] = []
 
     @staticmethod

@@ -99,13 +99,10 @@ def test_cudagraph_needs_cuda_when_running_not_when_composing(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("option", ["l1", "l1_l2"])
-def test_an_unbuilt_cache_tier_stops_before_running(option: str, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cache_tier_option_runs_with_its_tiers(option: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fake_command(monkeypatch, "run")
-    assert cli.main(["run", "device=cpu", f"cache={option}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert calls == [] and len(err) == 1 and err[0].startswith(f"error: cache={option}: ")
-    assert err[0].endswith("not built yet (issue 13); use cache=gpu")
+    assert cli.main(["run", "device=cpu", f"cache={option}"]) == 0
+    assert [c[0].cache.tiers.value for c in calls] == [option]
 
 
 def test_a_tensor_parallel_setting_that_cannot_run_stops_before_running(monkeypatch: pytest.MonkeyPatch,

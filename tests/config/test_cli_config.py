@@ -36,9 +36,9 @@ BAD = [
     ("out of range", ["cache.kv_size_gb=-1"], "cache.kv_size_gb", "must be > 0, got -1"),
     ("out of range util", ["cache.max_memory_utilization=1.5"], "cache.max_memory_utilization", "in (0.0, 1.0]"),
     ("out of range rows", ["executor.pdl_max_rows=-1"], "executor.pdl_max_rows", "must be >= 0, got -1"),
-    ("removed field", ["cache.chunk_tokens=256"], "cache.chunk_tokens", "unknown field"),
-    ("unbuilt tiers", ["cache=l1_l2"], "cache=l1_l2", "the L1/L2 KV tiers are not built yet (issue 13); use cache=gpu"),
-    ("unbuilt tier", ["cache=l1"], "cache=l1", "the L1 KV tier is not built yet (issue 13); use cache=gpu"),
+    ("unknown nested field", ["cache.l3.size_gb=8"], "cache.l3.size_gb", "did you mean cache.l2.size_gb?"),
+    ("chunk not whole pages", ["cache.chunk_tokens=20"], "cache.chunk_tokens", "multiple of cache.page_size=16"),
+    ("tiers need prefix caching", ["cache=l1", "cache.prefix_caching=false"], "cache.prefix_caching", "must be true"),
     ("not power of two", ["cache.page_size=12"], "cache.page_size", "power of two, got 12"),
     ("+new.key", ["+new.key=1"], "new.key", "unknown field"),
     ("+model.new", ["+model.new_thing=1"], "model.new_thing", "unknown field"),
@@ -143,7 +143,7 @@ def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None
     assert r.returncode == 0
     for text in ("run", "bench", "serve", "config", "qwen3-8b", "executor.fuse_prologues", "sampling.top_p",
                  "key/value heads (GQA)", "-v, --verbose", "-q, --quiet", "XRT_DEBUG", "XRT_CACHE_DIR", "XRT_CONF_DIR",
-                 "XRT_GIT_COMMIT", "TRITON_INTERPRET", "l1_l2 (not built yet)"):
+                 "XRT_GIT_COMMIT", "TRITON_INTERPRET", "gpu, l1, l1_l2\n"):
         assert text in r.stdout
 
 

@@ -53,6 +53,7 @@ class AsyncFakeRunner:
         self.num_pages, self.page_size = base.num_pages, base.page_size
         self.max_model_len, self.vocab_size = base.max_model_len, base.vocab_size
         self.checkpoint_dir = None
+        self.kv_cache = base.kv_cache
         self.decode_capacity = capacity
         self.last_argmax = None  # execute() is the base's, which computes no argmax
         max_pages = -(-(base.max_model_len + 1) // base.page_size)

@@ -42,13 +42,15 @@ LOG_FLAGS = {"-v": "debug", "--verbose": "debug", "-q": "warning", "--quiet": "w
 # Every environment variable xrt reads (behaviour switches are config fields, not variables).
 ENVIRONMENT = {
     "XRT_DEBUG": "1: tracebacks for config and input errors",
-    "XRT_CACHE_DIR": "where the tiny checkpoint is made (default $XDG_CACHE_HOME/xrt or ~/.cache/xrt)",
+    "XRT_CACHE_DIR": "where the tiny checkpoint is made, and L2 KV chunks without cache.l2.path "
+                     "(default $XDG_CACHE_HOME/xrt or ~/.cache/xrt)",
     "XRT_CONF_DIR": "a conf/ directory used instead of the shipped one",
     "XRT_GIT_COMMIT": "bench: the commit recorded with results (a tree copied without .git)",
     "TRITON_INTERPRET": "1: Triton kernels run in the interpreter (CPU tests); PDL is off",
     "RANK": "set by torchrun: this process's rank (log prefixes; a rank other than 0 serves rank 0's steps)",
     "WORLD_SIZE": "set by torchrun: the number of ranks (must equal parallel.tp); with RANK, xrt spawns no workers",
     "LOCAL_RANK": "set by torchrun: the CUDA device of this rank on its host",
+    "NIXL_LOG_LEVEL": "NIXL's log level (cache=l1_l2; default here: WARN, on stderr)",
 }
 
 

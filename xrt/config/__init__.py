@@ -13,6 +13,10 @@ from xrt.config.schema import (
     DType,
     ExecutorArgs,
     ExecutorKind,
+    KVTiers,
+    L1Args,
+    L2Args,
+    L2Backend,
     LoadFormat,
     LogLevel,
     ModelArgs,
@@ -26,7 +30,6 @@ from xrt.config.schema import (
 
 __all__ = [
     "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
-    "ExecutorKind", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs",
-    "SamplingArgs",
-    "SchedulerArgs", "XrtConfig", "runtime_check",
+    "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs",
+    "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
 ]

@@ -228,6 +228,40 @@ class ExecutorArgs:
         return out
 
 
+class KVTiers(enum.Enum):
+    """Where KV chunks live besides the GPU pages (the conf/cache group sets it)."""
+
+    GPU = "gpu"
+    L1 = "l1"
+    L1_L2 = "l1_l2"
+
+
+class L2Backend(enum.Enum):
+    """NIXL backends L2 can store through: files (POSIX; GDS and GDS_MT for GPUDirect Storage) or objects (OBJ)."""
+
+    POSIX = "POSIX"
+    GDS = "GDS"
+    GDS_MT = "GDS_MT"
+    OBJ = "OBJ"
+
+
+@attrs.define
+class L1Args:
+    size_gb: float = field(4.0, help="L1 KV tier: host memory (pinned on CUDA) for KV chunks", unit="GB",
+                           validator=gt(0))
+
+
+@attrs.define
+class L2Args:
+    path: str = field("", help="L2 KV tier: directory of the chunk files; empty: <XRT_CACHE_DIR>/kv")
+    backend: L2Backend = field(L2Backend.POSIX, help="NIXL backend L2 transfers through")
+    backend_params: dict[str, str] = field(
+        factory=dict, help="passed to the NIXL backend as its init parameters (e.g. POSIX use_uring: true)"
+    )
+    size_gb: float = field(64.0, help="most bytes of chunk files per model namespace (LRU beyond)", unit="GB",
+                           validator=gt(0))
+
+
 @attrs.define
 class CacheArgs:
     page_size: int = field(16, help="tokens per KV page", unit="tokens", validator=[power_of_two(), le(2**30)])
@@ -242,6 +276,23 @@ class CacheArgs:
         0, help="explicit number of KV pages; 0: derive from memory", validator=[ge(0), le(INT32_MAX)]
     )
     prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
+    tiers: KVTiers = field(KVTiers.GPU, help="KV tiers below the GPU pages: gpu (none), l1 (host memory), "
+                           "l1_l2 (and storage through NIXL); needs prefix_caching")
+    chunk_tokens: int = field(
+        256, help="tokens per KV chunk, the unit the L1/L2 tiers store and key (a multiple of page_size)",
+        unit="tokens", validator=[ge(1), le(2**20)]
+    )
+    l1: L1Args = field(factory=L1Args, help="L1 KV tier (cache=l1, l1_l2)")
+    l2: L2Args = field(factory=L2Args, help="L2 KV tier through NIXL (cache=l1_l2)")
+
+    def check(self) -> Problems:
+        out: Problems = []
+        if self.chunk_tokens % self.page_size:
+            out.append(("chunk_tokens",
+                        f"must be a multiple of cache.page_size={self.page_size}, got {self.chunk_tokens}"))
+        if self.tiers is not KVTiers.GPU and not self.prefix_caching:
+            out.append(("prefix_caching", f"cache.tiers={self.tiers.value} stores and finds prefixes: must be true"))
+        return out
 
 
 @attrs.define
@@ -304,6 +355,8 @@ class XrtConfig:
                     f"must divide model.num_key_value_heads={m.num_key_value_heads} or be a multiple of it, got {tp}",
                 )
             )
+        if self.cache.tiers is not KVTiers.GPU and tp > 1:
+            out.append(("cache.tiers", f"KV tiers with parallel.tp={tp} are not built yet (one rank's KV only)"))
         if self.scheduler.max_batched_tokens < self.cache.page_size:
             out.append(("scheduler.max_batched_tokens", f"must be >= cache.page_size={self.cache.page_size}"))
         return out

@@ -19,11 +19,11 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from xrt.config import SamplingArgs, XrtConfig, runtime_check
+from xrt.config import KVTiers, SamplingArgs, XrtConfig, runtime_check
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
@@ -37,6 +37,9 @@ from xrt.executor.interface import PendingTokens, Runner
 from xrt.kvcache.manager import KVCacheManager
 from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
+
+if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
+    from xrt.kvstore.tiered import TieredKVCacheManager
 
 log = get_logger(__name__)
 
@@ -87,7 +90,13 @@ class LLMEngine:
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else []
         self.max_model_len = runner.max_model_len
         self.vocab_size = runner.vocab_size
-        kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
+        self.tiers: TieredKVCacheManager | None = None
+        if cfg.cache.tiers is KVTiers.GPU:
+            kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
+        else:
+            from xrt.kvstore.build import build_tiered
+
+            kv = self.tiers = build_tiered(cfg, runner.kv_cache, runner.checkpoint_dir)
         self.scheduler = Scheduler(cfg.scheduler, kv, self.max_model_len)
         self._ids = itertools.count()
         # executor.overlap=false turns overlapping off, to measure what it buys.
@@ -189,7 +198,11 @@ class LLMEngine:
             tokens = self.runner.launch_decode(batch, None).tokens()
             self.scheduler.postprocess(scheduled)
         else:
+            start = time.perf_counter()
             logits = self.runner.execute(step)
+            if self.tiers is not None and step.is_prefill:
+                # what recomputing a prefix costs, against which the tiers weigh loading it
+                self.tiers.observe_prefill(step.num_tokens, time.perf_counter() - start)
             self.scheduler.postprocess(scheduled)
             tokens = self._sample(logits, seqs) if seqs else []
         now = time.perf_counter()

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.device import DeviceKVCache
 
 
 class PendingTokens(Protocol):
@@ -26,6 +27,8 @@ class Runner(Protocol):
     max_model_len: int
     vocab_size: int  # rows of the logits (token ids must be below it)
     checkpoint_dir: str | None  # where the tokenizer lives; None for dummy weights
+    # The device KV tensor and its layout; read only with KV tiers (cache.tiers), which copy pages to and from it.
+    kv_cache: DeviceKVCache
     # Most sequences one launch_decode takes; 0: the runner does not launch decode steps itself.
     decode_capacity: int
     # After execute(): the greedy token of each returned logits row when the runner computed it on the

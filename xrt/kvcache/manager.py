@@ -6,8 +6,8 @@ and gives its pages back with `free`. Pages live in a `PagePool` (ref counts, pi
 free list in eviction order); every admitted sequence also has a row in `page_tables`, the
 [rows, pages] int32 array a decode launch gathers its page tables from.
 
-Where KV tiers attach (the shape of vLLM's offloading manager: lookup / prepare_load / complete_load
-/ prepare_store / complete_store), with no change to the scheduler:
+Where KV tiers attach (`xrt/kvstore/tiered.py` does this; the shape of vLLM's offloading manager: lookup /
+prepare_load / complete_load / prepare_store / complete_store), with no change to the scheduler:
 - store: `add_commit_listener` reports newly full, computed pages with their keys and token range;
   the tier pins what it copies (`pin`) and unpins when the copy is done.
 - load: a tiered manager extends `lookup` to continue the key chain in L1, then L2 (a hit whose

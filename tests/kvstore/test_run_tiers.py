@@ -1,0 +1,29 @@
+"""`xrt run cache=l1_l2`: a run leaves its chunks in L2 and the next process on the directory finds them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # 97 tokens: 6 chunks of 16
+
+
+def run(tmp_path: Path, checkpoint: str) -> list[str]:
+    r = subprocess.run(
+        [sys.executable, "-m", "xrt", "run", "cache=l1_l2", f"cache.l2.path={tmp_path}", "cache.chunk_tokens=16",
+         f"model.path={checkpoint}", f"prompt={PROMPT}", "sampling.max_tokens=4"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_second_run_loads_from_l2(tmp_path: Path, tiny_checkpoint: str) -> None:
+    first = run(tmp_path, tiny_checkpoint)
+    assert "kv tiers: cached prefix tokens gpu 0, l1 0, l2 0 | chunks stored l1 6, l2 6" in first[-1]
+    assert len(list(tmp_path.glob("xrt-kv-*/*.kv"))) == 6
+    second = run(tmp_path, tiny_checkpoint)
+    assert "l2 96 |" in second[-1]
+    assert second[0] == first[0]  # the same generation

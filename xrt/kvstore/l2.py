@@ -1,0 +1,295 @@
+"""L2: KV chunks in files, moved to and from L1's buffer by a NIXL agent (`cache.l2`).
+
+One file per chunk, `<path>/xrt-kv-<namespace>/<key hex>-<crc32 hex>.kv`, written under a temp name and
+renamed once its transfer is done. Chosen over preallocated slab files: a name derived from the key needs no
+allocation table, a rename is atomic (a reader sees the whole chunk or nothing; two processes writing one key
+write the same name, and the second rename replaces identical bytes), a restart finds everything by name, and
+clearing or evicting is unlinking. The price is one open/register per chunk per transfer, small next to a
+chunk's bytes (a 256-token chunk of Qwen3-0.6B is 28 MiB). `size_gb` bounds one namespace's files.
+
+The L1 buffer is registered with the agent once. A batch of chunks is one NIXL transfer (one descriptor per
+chunk on each side), posted and then polled with `check_xfer_state` until DONE or ERR; the poll spins briefly
+and then sleeps with a growing interval (NIXL's Python API has no blocking wait). A key is published (renamed
+and added to the index) only after its batch reported DONE; on any failure the batch's temp files are removed
+and nothing is published. Loads verify the crc32 in the name against the bytes read; a mismatch is a miss and
+the entry and file are dropped. Existence comes from the index (index.py), never from query_memory.
+
+Threads: the L2 writer thread stores while the scheduler's thread looks up and loads. Each direction has its
+own agent (both register the L1 buffer), so a load never queues behind a store's transfer, and lookups take
+only the index lock, held for dict work and index file I/O, never across a transfer. NIXL agents are made
+without their own locking (NIXL_THREAD_SYNC_NONE, the default without a listener thread), so each agent has
+a lock too."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from xrt.config import L2Args, L2Backend
+from xrt.kvstore.chunk import checksum
+from xrt.kvstore.index import L2Index, data_name
+from xrt.kvstore.l1 import L1Cache
+from xrt.kvstore.nixl_api import nixl_api
+from xrt.log import get_logger
+from xrt.units import GB
+
+log = get_logger(__name__)
+DIR_PREFIX = "xrt-kv-"
+# Spin this long before sleeping between polls: a POSIX batch of a few chunks is often done within it.
+SPIN_S = 200e-6
+MAX_POLL_SLEEP_S = 2e-3
+TEMP_SUFFIX = ".tmp"
+# a temp file this old belongs to a store that died (a live one renames within a transfer's time)
+STALE_TEMP_S = 3600.0
+
+
+class L2Error(RuntimeError):
+    """A transfer that did not complete (ERR state, or NIXL raised)."""
+
+
+class _Agent:
+    """One NIXL agent with the L1 buffer registered, and the lock its callers take."""
+
+    def __init__(self, api: Any, name: str, backend: str, params: dict[str, str], l1: L1Cache) -> None:
+        self.lock = threading.Lock()
+        self.backend = backend
+        self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
+        self.agent.create_backend(backend, params)
+        buf = l1.buffer
+        self.dev = max(buf.get_device(), 0)
+        self.mem = "VRAM" if buf.is_cuda else "DRAM"
+        self.base = buf.data_ptr()
+        self.reg: Any = self.agent.register_memory([(self.base, buf.numel(), self.dev, "")], self.mem,
+                                                   backends=[backend])
+
+    def close(self) -> None:
+        with self.lock:
+            if self.reg is not None:
+                self.agent.deregister_memory(self.reg, backends=[self.backend])
+                self.reg = None
+
+
+def remove_stale_temps(directory: Path) -> list[str]:
+    """Delete temp files of stores that will never finish: their process (pid in the name) is gone, or they
+    are older than STALE_TEMP_S (another host's process, sharing the directory). Returns the names removed."""
+    removed = []
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for e in os.scandir(directory):
+            if not (e.name.startswith(".") and e.name.endswith(TEMP_SUFFIX)):
+                continue
+            try:
+                pid = int(e.name[: -len(TEMP_SUFFIX)].rsplit(".", 1)[1].split("-")[0])
+                os.kill(pid, 0)
+                alive = True
+            except (ValueError, IndexError, ProcessLookupError):
+                alive = False
+            except PermissionError:  # another user's live process
+                alive = True
+            try:
+                if not alive or now - e.stat().st_mtime > STALE_TEMP_S:
+                    os.unlink(e.path)
+                    removed.append(e.name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def l2_dir(root: str | Path, namespace_hex: str) -> Path:
+    return Path(root) / f"{DIR_PREFIX}{namespace_hex[:32]}"
+
+
+class L2Store:
+    def __init__(self, args: L2Args, root: str | Path, namespace_hex: str, l1: L1Cache,
+                 agent_name: str | None = None) -> None:
+        if args.backend is L2Backend.OBJ:
+            # OBJ transfers address objects (OBJ_SEG descriptors keyed by name), not files: this store's
+            # file naming, renames and index do not apply; it needs its own store class.
+            raise NotImplementedError("cache.l2.backend=OBJ: the object-store L2 is not built yet; use POSIX or GDS")
+        self._index_lock = threading.Lock()
+        self.l1 = l1
+        self.backend = args.backend.value
+        self.chunk_bytes = l1.layout.nbytes
+        self.limit = max(1, int(args.size_gb * GB) // self.chunk_bytes)
+        self.dir = l2_dir(root, namespace_hex)
+        self.error: str | None = None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            # a store that cannot write is a cache that always misses, not a crash of the engine
+            self.error = f"cache.l2.path: cannot create {self.dir}: {e.strerror or e}"
+            log.warning("%s; the L2 tier stores nothing", self.error)
+        self.index = L2Index(self.dir) if self.error is None else None
+        if self.index is not None:
+            remove_stale_temps(self.dir)
+        api = nixl_api()
+        name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        params = dict(args.backend_params)
+        self._agents = {op: _Agent(api, f"{name}-{op.lower()}", self.backend, params, l1) for op in ("WRITE", "READ")}
+        self.stored = self.loaded = self.corrupt = 0
+
+    # ------------------------------------------------------------------ lookups
+
+    def contains(self, key: bytes) -> bool:
+        if self.index is None:
+            return False
+        with self._index_lock:
+            self.index.refresh()
+            return key.hex() in self.index.entries
+
+    def __len__(self) -> int:
+        if self.index is None:
+            return 0
+        with self._index_lock:
+            self.index.refresh()
+            return len(self.index.entries)
+
+    # ------------------------------------------------------------------ transfers
+
+    def _transfer(self, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
+        """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE."""
+        a = self._agents[op]
+        with a.lock:
+            self._transfer_with(a, op, slots, fds)
+
+    def _transfer_with(self, a: _Agent, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
+        n, agent = self.chunk_bytes, a.agent
+        file_reg = agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
+        handle = None
+        try:
+            local = agent.get_xfer_descs([(a.base + self.l1.slot_offset(s), n, a.dev) for s in slots], a.mem)
+            remote = agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
+            handle = agent.initialize_xfer(op, local, remote, agent.name, backends=[self.backend])
+            state = agent.transfer(handle)
+            start, pause = time.perf_counter(), 20e-6
+            while state == "PROC":
+                if time.perf_counter() - start > SPIN_S:
+                    time.sleep(pause)
+                    pause = min(2 * pause, MAX_POLL_SLEEP_S)
+                state = agent.check_xfer_state(handle)
+            if state != "DONE":
+                raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks ended in state {state}")
+        except L2Error:
+            raise
+        except Exception as e:  # NIXL raises its own nixl*Error types from the bindings
+            raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks failed: {e}") from e
+        finally:
+            if handle is not None:
+                handle.release()
+            agent.deregister_memory(file_reg, backends=[self.backend])
+
+    def store(self, items: Sequence[tuple[bytes, int, int | None]]) -> list[bytes]:
+        """Write chunks from L1 slots: (key, slot, crc) each (crc None: L1 computes it now), the slots
+        referenced by the caller until this returns. Returns the keys published now; keys already stored are
+        skipped (a no-op), and a failed batch publishes nothing."""
+        index = self.index
+        if index is None:
+            return []
+        with self._index_lock:
+            index.refresh()
+            todo = [(k, s, c) for k, s, c in dict((k, (k, s, c)) for k, s, c in items).values()
+                    if k.hex() not in index.entries]
+        # more than the limit at once would only evict part of this batch again
+        todo = [(k, s, self.l1.checksum_of(k, s) if c is None else c) for k, s, c in todo[: self.limit]]
+        if not todo:
+            return []
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmps: list[Path] = []
+        fds: list[int] = []
+        try:
+            for k, _, _ in todo:
+                tmp = self.dir / f".{k.hex()}.{tag}{TEMP_SUFFIX}"
+                fds.append(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
+                tmps.append(tmp)
+            self._transfer("WRITE", [s for _, s, _ in todo], fds)
+            published: list[tuple[str, int]] = []
+            for (k, _, crc), tmp in zip(todo, tmps, strict=True):
+                os.replace(tmp, self.dir / data_name(k.hex(), crc))
+                published.append((k.hex(), crc))
+            with self._index_lock:
+                index.update(add=published, limit=self.limit)
+        except (OSError, L2Error) as e:
+            log.warning("L2 store of %d chunks failed, nothing published: %s", len(todo), e)
+            for tmp in tmps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            return []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.stored += len(published)
+        return [k for k, _, _ in todo]
+
+    def load(self, items: Sequence[tuple[bytes, int]]) -> list[int | None]:
+        """Read chunks into L1 slots the caller reserved: (key, slot) each. The chunk's crc32 where the slot
+        now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc: the entry
+        is dropped). The caller publishes the slots that loaded (with that crc) and aborts the others."""
+        ok: list[int | None] = [None] * len(items)
+        index = self.index
+        if index is None or not items:
+            return ok
+        with self._index_lock:
+            index.refresh()
+            entries = [index.entries.get(k.hex()) for k, _ in items]
+        want: list[tuple[int, str, int, int]] = []  # (item, key hex, crc, fd)
+        gone: list[str] = []
+        try:
+            for i, ((k, _), entry) in enumerate(zip(items, entries, strict=True)):
+                if entry is None:
+                    continue
+                crc = int(entry[0])
+                try:
+                    fd = os.open(self.dir / data_name(k.hex(), crc), os.O_RDONLY)
+                except FileNotFoundError:
+                    gone.append(k.hex())  # evicted by another process since the index was read
+                    continue
+                want.append((i, k.hex(), crc, fd))
+            if want:
+                try:
+                    self._transfer("READ", [items[i][1] for i, _, _, _ in want], [fd for *_, fd in want])
+                except L2Error as e:
+                    log.warning("L2 load of %d chunks failed: %s", len(want), e)
+                    return ok
+                for i, key_hex, crc, _ in want:
+                    if checksum(self.l1.slot_bytes(items[i][1])) == crc:
+                        ok[i] = crc
+                        with self._index_lock:
+                            index.touch(key_hex)
+                    else:
+                        log.warning("L2 chunk %s failed its checksum: dropped", key_hex[:16])
+                        self.corrupt += 1
+                        gone.append(key_hex)
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.dir / data_name(key_hex, crc))
+        finally:
+            for *_, fd in want:
+                os.close(fd)
+            if gone:
+                try:
+                    with self._index_lock:
+                        index.update(remove=gone)
+                except OSError as e:  # the entries stay listed; the next load finds them bad again
+                    log.warning("L2 index update failed: %s", e)
+        self.loaded += sum(crc is not None for crc in ok)
+        return ok
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def clear(self) -> None:
+        """Remove this namespace's directory: other models' chunks under the same path stay."""
+        with self._index_lock:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.error is None:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self.index = L2Index(self.dir)
+
+    def close(self) -> None:
+        for a in self._agents.values():
+            a.close()
