@@ -122,7 +122,14 @@ def sweep_choices(override: str, problems: list[Problem]) -> list[str] | None:
             o = None  # `f(x),g`: not one of Hydra's functions, so plain text
         if o is not None and o.is_sweep_override():
             if o.is_discrete_sweep():
-                return [f"{prefix}{key}={c}" for c in o.sweep_string_iterator()]
+                from omegaconf.errors import OmegaConfBaseException
+
+                try:
+                    return [f"{prefix}{key}={c}" for c in o.sweep_string_iterator()]
+                except (HydraException, OmegaConfBaseException, ValueError) as e:
+                    # Hydra parses some mixes it cannot expand (`range(1,3),x`: a range inside a choice).
+                    problems.append((key, f"cannot expand the sweep {value} ({type(e).__name__})"))
+                    return []
             problems.append((key, "only a,b,c / range() / glob() sweeps are supported"))
             return []
     pieces = _choices(value)
