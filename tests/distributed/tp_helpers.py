@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from hf_checkpoint import write_hf_qwen3
 
 from xrt.config import XrtConfig
 from xrt.executor.graphs.capture import RerunCapture, RerunGraph
@@ -44,22 +45,8 @@ def write_checkpoint(path: str, tokenizer_from: str, *, vocab_size: int, num_kv_
                      seed: int, intermediate_size: int = 96, num_heads: int = 4) -> str:
     """A Qwen3 checkpoint saved by transformers (large random weights, so greedy continuations depend on the
     whole context) with the tiny checkpoint's tokenizer files."""
-    import transformers
-
-    config = transformers.Qwen3Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=intermediate_size, num_hidden_layers=2,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=16, rope_theta=10000.0,
-        max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(path, safe_serialization=True)
+    write_hf_qwen3(path, seed=seed, tied=tied, vocab_size=vocab_size, num_kv_heads=num_kv_heads,
+                   intermediate_size=intermediate_size, num_heads=num_heads, max_position_embeddings=512)
     for name in os.listdir(tokenizer_from):
         if name.startswith("tokenizer") or name in ("special_tokens_map.json", "generation_config.json"):
             shutil.copy(os.path.join(tokenizer_from, name), os.path.join(path, name))

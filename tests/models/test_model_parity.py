@@ -11,6 +11,7 @@ import random
 import attrs
 import pytest
 import torch
+from hf_checkpoint import write_hf_qwen3
 from op_log import XrtOpLog
 from safetensors.torch import load_file
 
@@ -31,20 +32,7 @@ REL_TOL = 1e-4
 
 
 def make_hf_checkpoint(path: str, tied: bool, seed: int) -> None:
-    config = transformers.Qwen3Config(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=256, rms_norm_eps=1e-6,
-        tie_word_embeddings=tied,
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config)
-    with torch.no_grad():  # larger than HF's init so attention is far from uniform
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(path, safe_serialization=True)
+    write_hf_qwen3(path, seed=seed, tied=tied)
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
