@@ -79,7 +79,7 @@ def main() -> None:
             f.write("3\n")
     t = time.perf_counter()
     for b in range(0, n, a.batch):
-        assert None not in (l2.load([(k, s) for k, s, _ in items[b : b + a.batch]]))
+        assert None not in l2.load([(k, s) for k, s, _ in items[b : b + a.batch]]).crcs
     print(f"L2 load + crc check ({'cold' if a.drop_cache else 'page cache'}):", gbps(n * nb, time.perf_counter() - t))
     l2.clear()
     l2.close()
