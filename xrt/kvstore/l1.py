@@ -40,6 +40,7 @@ class L1Cache:
         pin = torch.cuda.is_available() if pin is None else pin
         self.buffer = torch.empty(self.num_slots * layout.nbytes, dtype=torch.uint8, pin_memory=pin)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a write ended (published or aborted)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # published, least recently used first
         self._writing: dict[int, bytes] = {}  # slot -> key reserved for it, not yet visible
         self._refs = [0] * self.num_slots
@@ -80,6 +81,7 @@ class L1Cache:
             key = self._writing.pop(slot)
             self._entries[key] = _Entry(slot, crc)
             self._refs[slot] -= 1
+            self._changed.notify_all()
 
     def checksum_of(self, key: bytes, slot: int) -> int:
         """The crc32 of a published chunk the caller holds referenced (acquire), computed once. zlib releases
@@ -101,6 +103,7 @@ class L1Cache:
             del self._writing[slot]
             self._refs[slot] = 0
             self._free.append(slot)
+            self._changed.notify_all()
 
     def _evict_one(self) -> int:
         for key, entry in self._entries.items():
@@ -115,6 +118,23 @@ class L1Cache:
     def contains(self, key: bytes) -> bool:
         with self._lock:
             return key in self._entries
+
+    def writing(self, key: bytes) -> bool:
+        """Whether `key` is being written into a slot now (a gather or a prefetch in flight)."""
+        with self._lock:
+            return key in self._writing.values()
+
+    def acquire_when_written(self, key: bytes, timeout_s: float) -> tuple[int, int | None] | None:
+        """`acquire`, waiting up to timeout_s for a write of `key` in flight to end; None when it is not
+        there by then (the write failed, or is still running: the caller recomputes)."""
+        with self._changed:
+            self._changed.wait_for(lambda: key in self._entries or key not in self._writing.values(), timeout_s)
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            self._refs[entry.slot] += 1
+            return entry.slot, entry.crc
 
     def acquire(self, key: bytes) -> tuple[int, int | None] | None:
         """(slot, crc or None when not computed yet) of a published chunk, referenced until `release`

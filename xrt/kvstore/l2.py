@@ -20,8 +20,9 @@ be taken back from NIXL while it runs, so a late transfer is handed to a thread 
 its slots and files; until then the read agent is busy and later loads with a deadline miss at once instead
 of queueing behind it.
 
-Threads: the L2 writer thread stores while the scheduler's thread looks up and loads. Each direction has its
-own agent (both register the L1 buffer), so a load never queues behind a store's transfer, and lookups take
+Threads: the L2 writer thread stores, the prefetch thread loads ahead of admission, and the scheduler's
+thread looks up and loads. Each role has its own agent (each registers the L1 buffer), so a load never queues
+behind a store's or a prefetch's transfer, and lookups take
 only the index lock, held for dict work and index file I/O, never across a transfer. NIXL agents are made
 without their own locking (NIXL_THREAD_SYNC_NONE, the default without a listener thread), so each agent has
 a lock too."""
@@ -58,6 +59,8 @@ TEMP_SUFFIX = ".tmp"
 STALE_TEMP_S = 3600.0
 
 
+# the agents' roles: WRITE stores, READ loads at admission, PREFETCH loads ahead of admission (prefetch.py)
+ROLES = ("WRITE", "READ", "PREFETCH")
 # threads verifying loaded chunks' checksums (zlib.crc32 releases the GIL: they run in parallel)
 VERIFY_THREADS = min(8, os.cpu_count() or 1)
 
@@ -163,7 +166,8 @@ class L2Store:
         api = nixl_api()
         name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         params = dict(args.backend_params)
-        self._agents = {op: _Agent(api, f"{name}-{op.lower()}", self.backend, params, l1) for op in ("WRITE", "READ")}
+        # one agent per role (stores, loads at admission, prefetches), so none queues behind another's transfer
+        self._agents = {role: _Agent(api, f"{name}-{role.lower()}", self.backend, params, l1) for role in ROLES}
         self.stored = self.loaded = self.corrupt = self.late_transfers = 0
         self.last_store_failed = False  # the latest store's batch failed (L2Writer counts it)
         self._verify = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="xrt-kv-verify")
@@ -186,13 +190,14 @@ class L2Store:
 
     # ------------------------------------------------------------------ transfers
 
-    def _transfer(self, op: str, slots: Sequence[int], fds: Sequence[int], deadline: float | None = None,
+    def _transfer(self, role: str, slots: Sequence[int], fds: Sequence[int], deadline: float | None = None,
                   on_late: Callable[[], None] | None = None) -> None:
         """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE. With a
         deadline (a perf_counter time), raises L2Late once it passes, or at once when the agent is still busy
         with an earlier late transfer; `on_late` then runs on the thread that waits the transfer out, after
         its NIXL resources are released."""
-        a = self._agents[op]
+        a = self._agents[role]
+        op = "WRITE" if role == "WRITE" else "READ"
         if deadline is None:
             a.lock.acquire()
         elif not a.lock.acquire(blocking=False):
@@ -314,7 +319,7 @@ class L2Store:
         return [k for k, _, _ in todo]
 
     def load(self, items: Sequence[tuple[bytes, int]], deadline_s: float | None = None,
-             on_late: Callable[[], None] | None = None) -> LoadResult:
+             on_late: Callable[[], None] | None = None, role: str = "READ") -> LoadResult:
         """Read chunks into L1 slots the caller reserved: (key, slot) each. Per item the chunk's crc32 where
         the slot now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc:
         the entry is dropped). The caller publishes the slots that loaded (with that crc) and aborts the
@@ -355,7 +360,7 @@ class L2Store:
             if want:
                 deadline = None if deadline_s is None else start + deadline_s
                 try:
-                    self._transfer("READ", [items[i][1] for i, _, _, _ in want], [fd for *_, fd in want],
+                    self._transfer(role, [items[i][1] for i, _, _, _ in want], [fd for *_, fd in want],
                                    deadline, after_late)
                 except L2Late as e:
                     late = True  # the files are closed by after_late: now (not started) or once it ends

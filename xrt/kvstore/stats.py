@@ -23,7 +23,10 @@ class TierStats:
     abandoned_loads: loads stopped part way (slower than estimated, or past their deadline).
     checksum_failures: L2 chunks whose bytes did not match their crc32 (a miss; the file is dropped).
     store_errors: L2 store batches that failed (nothing published); writer_restarts: times the L2 writer
-    thread died and was started again; store_queue_max: the deepest the L2 store queue got."""
+    thread died and was started again; store_queue_max: the deepest the L2 store queue got.
+    prefetched_chunks / prefetch_bytes / prefetch_s: L2 chunks read into L1 ahead of admission (prefetch.py)
+    and the time the prefetch thread spent on them; prefetch_wait_s: time admissions waited for a prefetch
+    still in flight (at most what recomputing would have cost); prefetch_errors: prefetch jobs that failed."""
 
     hit_tokens: dict[str, int] = field(default_factory=_per_tier)
     computed_tokens: int = 0
@@ -42,6 +45,11 @@ class TierStats:
     store_errors: int = 0
     writer_restarts: int = 0
     store_queue_max: int = 0
+    prefetched_chunks: int = 0
+    prefetch_bytes: int = 0
+    prefetch_s: float = 0.0
+    prefetch_wait_s: float = 0.0
+    prefetch_errors: int = 0
 
     def bandwidth(self, tier: str) -> float | None:
         """Bytes/s of this tier's loads, None before any."""
@@ -59,7 +67,9 @@ class TierStats:
             dropped_l2=self.dropped_l2, failed_loads=self.failed_loads, skipped_slow=self.skipped_slow,
             abandoned_loads=self.abandoned_loads, checksum_failures=self.checksum_failures,
             store_errors=self.store_errors, writer_restarts=self.writer_restarts,
-            store_queue_max=self.store_queue_max,
+            store_queue_max=self.store_queue_max, prefetched_chunks=self.prefetched_chunks,
+            prefetch_bytes=self.prefetch_bytes, prefetch_s=self.prefetch_s, prefetch_wait_s=self.prefetch_wait_s,
+            prefetch_errors=self.prefetch_errors,
         )
         return out
 
@@ -72,6 +82,8 @@ class TierStats:
             rate = f" at {bw / 1e9:.2f} GB/s" if bw is not None else ""
             return f"{t} {self.loaded_bytes[t] / 1e6:.1f} MB{rate}"
 
+        prefetch_rate = (f" at {self.prefetch_bytes / self.prefetch_s / 1e9:.2f} GB/s"
+                         if self.prefetch_s > 0 else "")
         write = (f", {self.stored_bytes_l2 / self.store_s_l2 / 1e9:.2f} GB/s"
                  if self.store_s_l2 > 0 else "")
         return (
@@ -81,5 +93,6 @@ class TierStats:
             f"{self.store_queue_max}, now {queue_depth}, dropped {self.dropped_l2}, store errors "
             f"{self.store_errors}, writer restarts {self.writer_restarts}) | L2 loads skipped as slower "
             f"{self.skipped_slow}, abandoned {self.abandoned_loads}, failed {self.failed_loads}, checksum "
-            f"failures {self.checksum_failures}"
+            f"failures {self.checksum_failures} | prefetched {self.prefetched_chunks} chunks"
+            f"{prefetch_rate} (admissions waited {self.prefetch_wait_s * 1e3:.0f} ms)"
         )
