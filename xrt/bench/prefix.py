@@ -286,6 +286,7 @@ def _run(served: dict[str, int], stats: dict[str, float], drop: dict[str, Any], 
         "outputs_identical": all(t == outputs["cold"] for t in outputs.values()),
         "cached_tokens": {p: got.cached[p][i] for p in PHASES},
         "ttft_ms": {p: got.ttft[p][i] for p in PHASES},
+        "tokens": outputs,
     }
 
 
