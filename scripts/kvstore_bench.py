@@ -1,9 +1,11 @@
 """Measure the KV tiers on this machine: crc32, GPU/CPU pages <-> L1 copies, L1 <-> L2 (NIXL) stores and loads.
 
-    python scripts/kvstore_bench.py [--chunks 16] [--dir /tmp/kvbench] [--backend-param use_uring=true]
+    PYTHONPATH=. python scripts/kvstore_bench.py [--chunks 16] [--dir /tmp/kvbench] [--backend GDS]
+        [--backend-param use_uring=true] [--load-batch 8] [--drop-cache]
 
 Chunks have the Qwen3-0.6B shape (28 layers, 8 KV heads, head_dim 128, bf16, 256 tokens: 28 MiB each). L2
-loads right after stores read from the page cache; `--drop-cache` (root) drops it first to time the disk."""
+loads right after stores read from the page cache; `--drop-cache` drops the chunk files from it first
+(posix_fadvise DONTNEED: no root needed) to time the disk."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 
 import torch
 
-from xrt.config import L2Args
+from xrt.config import L2Args, L2Backend
 from xrt.kvcache.device import KVLayout
 from xrt.kvstore.chunk import ChunkLayout, checksum
 from xrt.kvstore.copy import ChunkCopier
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--dir", default="")
     ap.add_argument("--backend-param", action="append", default=[])
     ap.add_argument("--drop-cache", action="store_true")
+    ap.add_argument("--backend", default="POSIX", choices=[b.value for b in L2Backend])
+    ap.add_argument("--load-batch", type=int, default=0, help="chunks per load transfer (0: --batch)")
     a = ap.parse_args()
     kv = KVLayout(num_layers=28, page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
     layout = ChunkLayout(kv, 256)
@@ -66,7 +70,8 @@ def main() -> None:
 
     root = a.dir or tempfile.mkdtemp(prefix="kvbench-")
     params = dict(p.split("=", 1) for p in a.backend_param)
-    l2 = L2Store(L2Args(path=root, backend_params=params, size_gb=1e3), root, "be" * 32, l1)
+    args = L2Args(path=root, backend=L2Backend(a.backend), backend_params=params, size_gb=1e3)
+    l2 = L2Store(args, root, "be" * 32, l1)
     l2.clear()
     items = [(i.to_bytes(32, "little"), s, c) for i, (s, c) in enumerate(zip(slots, crcs, strict=True))]
     t = time.perf_counter()
@@ -75,11 +80,14 @@ def main() -> None:
     print(f"L2 store ({a.batch}/transfer, {params or 'defaults'}):", gbps(n * nb, time.perf_counter() - t))
     if a.drop_cache:
         os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        for f in l2.dir.glob("*.kv"):
+            fd = os.open(f, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
     t = time.perf_counter()
-    for b in range(0, n, a.batch):
-        assert None not in (l2.load([(k, s) for k, s, _ in items[b : b + a.batch]]))
+    lb = a.load_batch or a.batch
+    for b in range(0, n, lb):
+        assert None not in l2.load([(k, s) for k, s, _ in items[b : b + lb]]).crcs
     print(f"L2 load + crc check ({'cold' if a.drop_cache else 'page cache'}):", gbps(n * nb, time.perf_counter() - t))
     l2.clear()
     l2.close()

@@ -32,7 +32,7 @@ def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path)
     l2 = L2Store(L2Args(), tmp_path, "ab" * 32, l1)
     assert l2.store([(key(0), slot, None)]) == [key(0)]
     other = l1.reserve(key(1))
-    assert l2.load([(key(0), other)])[0] is not None
+    assert l2.load([(key(0), other)]).crcs[0] is not None
     l1.publish(other)
     before = kv.clone()
     done = copier.scatter(l1.slot_view(other), [0, 11])

@@ -41,7 +41,7 @@ def fill(l1: L1Cache, keys: list[int]) -> list[tuple[bytes, int, int]]:
 def load_into(l1: L1Cache, l2: L2Store, keys: list[int]) -> list[torch.Tensor | None]:
     """Load keys from L2 into fresh L1 slots and return each chunk (None on a miss)."""
     slots = [l1.reserve(key(i + 10_000)) for i in keys]  # other L1 keys: L2 is what is tested
-    ok = l2.load([(key(i), s) for i, s in zip(keys, slots, strict=True)])
+    ok = l2.load([(key(i), s) for i, s in zip(keys, slots, strict=True)]).crcs
     out: list[torch.Tensor | None] = []
     for good, s in zip(ok, slots, strict=True):
         out.append(l1.slot_view(s).clone() if good is not None else None)

@@ -22,8 +22,11 @@ def run(tmp_path: Path, checkpoint: str) -> list[str]:
 
 def test_second_run_loads_from_l2(tmp_path: Path, tiny_checkpoint: str) -> None:
     first = run(tmp_path, tiny_checkpoint)
-    assert "kv tiers: cached prefix tokens gpu 0, l1 0, l2 0 | chunks stored l1 6, l2 6" in first[-1]
+    assert "kv tiers: prefix tokens cached gpu 0, l1 0, l2 0, computed 97 (1 lookups)" in first[-2]
+    assert "kv tiers: chunks stored l1 6, l2 6," in first[-1] and "store errors 0" in first[-1]
     assert len(list(tmp_path.glob("xrt-kv-*/*.kv"))) == 6
     second = run(tmp_path, tiny_checkpoint)
-    assert "l2 96 |" in second[-1]
+    assert "cached gpu 0, l1 0, l2 96, computed 1 (1 lookups) | loaded l1 0.0 MB, l2 " in second[-2]
+    assert "GB/s" in second[-2].split("l2 ")[-1]  # the L2 load's bandwidth is printed
+    assert "checksum failures 0" in second[-1] and "chunks stored l1 0, l2 0" in second[-1]
     assert second[0] == first[0]  # the same generation

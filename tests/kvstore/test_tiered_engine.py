@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, SamplingArgs, XrtConfig
+from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, L2LoadPolicy, SamplingArgs, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.tiered import GPU, L1, L2, TieredKVCacheManager
 
@@ -24,9 +24,10 @@ def prompts(seed: int) -> list[list[int]]:
     return [shared[i % 2] + [rng.randrange(3, 2000) for _ in range(5 + 7 * i)] for i in range(4)]
 
 
-def cache(tiers: KVTiers, path: Path) -> CacheArgs:
+def cache(tiers: KVTiers, path: Path, policy: L2LoadPolicy = L2LoadPolicy.ALWAYS) -> CacheArgs:
+    """Loads exactly what the tiers hold (`always`): the measured policy would turn on this machine's timing."""
     return CacheArgs(page_size=4, num_pages=256, chunk_tokens=CHUNK, tiers=tiers, l1=L1Args(size_gb=0.002),
-                     l2=L2Args(path=str(path)))
+                     l2=L2Args(path=str(path), load_policy=policy))
 
 
 def outputs(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
@@ -116,14 +117,14 @@ def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., Xrt
     first = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     outputs(first, prompts(0)[:1])
     tiers_of(first).flush()
-    again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, L2LoadPolicy.MEASURED)))
     tiers = tiers_of(again)
-    tiers._l2_bw, tiers._prefill_rate = 1.0, 1e12  # 1 byte/s storage against instant prefill
+    tiers.policy.l2_bandwidth, tiers.policy.prefill_rate = 1.0, 1e12  # 1 byte/s storage against instant prefill
     assert outputs(again, [prompts(0)[2]]) == [want[2]]
     assert tiers.stats.hit_tokens[L2] == 0 and tiers.stats.skipped_slow >= 1
     tiers.flush()
-    fast = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
-    tiers_of(fast)._l2_bw, tiers_of(fast)._prefill_rate = 1e15, 1.0  # now loading wins
+    fast = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, L2LoadPolicy.MEASURED)))
+    tiers_of(fast).policy.l2_bandwidth, tiers_of(fast).policy.prefill_rate = 1e15, 1.0  # now loading wins
     assert outputs(fast, [prompts(0)[2]]) == [want[2]] and tiers_of(fast).stats.hit_tokens[L2] >= 5 * CHUNK
 
 

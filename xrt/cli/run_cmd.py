@@ -11,16 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from xrt.cli.paths import output_problems
 from xrt.config import XrtConfig
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.reflect import ConfigError
-
-if TYPE_CHECKING:
-    from xrt.kvstore.tiered import TierStats
 
 Prompt = str | list[int]
 
@@ -69,7 +66,8 @@ def main(cfg: XrtConfig) -> int:
     print(summary(llm.startup_s, outputs, elapsed), flush=True)
     if llm.engine.tiers is not None:
         llm.engine.tiers.flush()  # the L2 writer finishes first, so the counts are final (and in L2 for the next run)
-        print(tier_summary(llm.engine.tiers.stats), flush=True)
+        tiers = llm.engine.tiers
+        print(tiers.stats.summary(tiers.writer.depth if tiers.writer else 0), flush=True)
     if cfg.output:
         print(f"wrote {len(outputs)} results to {cfg.output}", flush=True)
     failed = [o for o in outputs if o.finish_reason == "error"]
@@ -172,13 +170,6 @@ def print_output(out: RequestOutput) -> None:
         print(f"(error: {out.error})")
     else:
         print(f"{out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
-
-
-def tier_summary(stats: TierStats) -> str:
-    """What the KV tiers served: prefix tokens found per tier, chunks stored (cache.tiers l1 / l1_l2)."""
-    hits = ", ".join(f"{tier} {n}" for tier, n in stats.hit_tokens.items())
-    return (f"kv tiers: cached prefix tokens {hits} | chunks stored l1 {stats.stored_l1}, l2 {stats.stored_l2}"
-            f" (dropped {stats.dropped_l2}), failed loads {stats.failed_loads}")
 
 
 def summary(startup_s: float, outputs: list[RequestOutput], elapsed_s: float) -> str:

@@ -17,6 +17,7 @@ from xrt.config.schema import (
     L1Args,
     L2Args,
     L2Backend,
+    L2LoadPolicy,
     LoadFormat,
     LogLevel,
     ModelArgs,
@@ -30,6 +31,7 @@ from xrt.config.schema import (
 
 __all__ = [
     "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
-    "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "LoadFormat", "LogLevel", "ModelArgs", "ParallelArgs",
-    "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs", "SchedulerArgs", "XrtConfig", "runtime_check",
+    "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "L2LoadPolicy", "LoadFormat", "LogLevel",
+    "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs", "SchedulerArgs",
+    "XrtConfig", "runtime_check",
 ]

@@ -245,6 +245,13 @@ class L2Backend(enum.Enum):
     OBJ = "OBJ"
 
 
+class L2LoadPolicy(enum.Enum):
+    """When a prefix found in L2 is loaded rather than recomputed."""
+
+    MEASURED = "measured"  # only when loading is measured faster than recomputing; slow loads abandoned
+    ALWAYS = "always"  # whatever L2 holds, however long it takes (tests, and measuring the tier itself)
+
+
 @attrs.define
 class L1Args:
     size_gb: float = field(4.0, help="L1 KV tier: host memory (pinned on CUDA) for KV chunks", unit="GB",
@@ -260,6 +267,13 @@ class L2Args:
     )
     size_gb: float = field(64.0, help="most bytes of chunk files per model namespace (LRU beyond)", unit="GB",
                            validator=gt(0))
+    load_policy: L2LoadPolicy = field(
+        L2LoadPolicy.MEASURED,
+        help="measured: load a prefix from L2 only when the measured L2 bandwidth beats the measured prefill "
+        "rate, abandoning a load that turns out slower (TTFT never worse than recomputing); always: load it",
+    )
+    load_batch_mb: int = field(256, help="bytes of chunks per L2 read transfer: after each, a slow load can stop",
+                               unit="MB", validator=[ge(1), le(2**20)])
 
 
 @attrs.define

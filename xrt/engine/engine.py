@@ -198,11 +198,14 @@ class LLMEngine:
             tokens = self.runner.launch_decode(batch, None).tokens()
             self.scheduler.postprocess(scheduled)
         else:
-            start = time.perf_counter()
+            timed = self.tiers is not None and step.is_prefill
+            if timed:
+                # what recomputing a prefix costs, against which the tiers weigh loading it (device events:
+                # no sync here)
+                self.tiers.prefill_started()
             logits = self.runner.execute(step)
-            if self.tiers is not None and step.is_prefill:
-                # what recomputing a prefix costs, against which the tiers weigh loading it
-                self.tiers.observe_prefill(step.num_tokens, time.perf_counter() - start)
+            if timed:
+                self.tiers.prefill_done(step.num_tokens)
             self.scheduler.postprocess(scheduled)
             tokens = self._sample(logits, seqs) if seqs else []
         now = time.perf_counter()

@@ -20,7 +20,9 @@ class RequestOutput:
     cannot hold) are refused by `generate` / `add_request` with a RequestError instead.
     error: why, in words, when the engine had to end a request it could not serve; else None.
     ttft_s: seconds from add_request to the first generated token (None if none was generated).
-    token_times_s: for each generated token, seconds from add_request until it was sampled."""
+    token_times_s: for each generated token, seconds from add_request until it was sampled.
+    num_cached_tokens: prompt tokens whose KV was not computed for this request; cached_tokens: the same by
+    the tier it came from, {"gpu": n} or with KV tiers {"gpu": n, "l1": n, "l2": n}."""
 
     request_id: int
     prompt_token_ids: list[int]
@@ -32,6 +34,7 @@ class RequestOutput:
     token_times_s: list[float] = field(default_factory=list)
     prompt: str | None = None
     num_cached_tokens: int = 0
+    cached_tokens: dict[str, int] = field(default_factory=dict)
     num_preemptions: int = 0
 
     @classmethod
@@ -47,5 +50,6 @@ class RequestOutput:
             token_times_s=list(seq.token_times_s),
             prompt=seq.prompt,
             num_cached_tokens=seq.num_cached_tokens,
+            cached_tokens=dict(seq.cached_tokens),
             num_preemptions=seq.num_preemptions,
         )

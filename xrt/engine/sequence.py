@@ -23,6 +23,7 @@ class Sequence:
     """token_ids holds the prompt followed by the generated tokens.
 
     num_cached_tokens: prompt tokens whose KV came from the prefix cache at the last admission.
+    cached_tokens: those tokens by the tier that supplied them ("gpu"; with KV tiers also "l1", "l2").
     num_computed_tokens: tokens whose KV is in this sequence's pages; while decoding it is
         len(token_ids) - 1 (the newest sampled token is fed next step).
     page_hashes: chained hashes of the leading full, computed pages (the prefix-cache keys).
@@ -45,6 +46,7 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)
     page_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0
+    cached_tokens: dict[str, int] = field(default_factory=dict)
     num_computed_tokens: int = 0
     in_prefill: bool = False
     num_preemptions: int = 0

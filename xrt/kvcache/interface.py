@@ -15,13 +15,15 @@ class KVSeq(Protocol):
     page_table: the sequence's KV pages, in order. page_hashes: chained hashes of its leading full,
     computed pages (the prefix-cache keys). table_row: its row in the manager's `page_tables` array
     (-1: none). num_pending_tokens: tokens of decode steps launched but not read back yet; their pages
-    are allotted already."""
+    are allotted already. cached_tokens: of num_cached_tokens, how many each tier supplied ("gpu", and with
+    KV tiers "l1", "l2")."""
 
     token_ids: list[int]
     page_table: list[int]
     page_hashes: list[bytes]
     table_row: int
     num_cached_tokens: int
+    cached_tokens: dict[str, int]
     num_computed_tokens: int
     num_pending_tokens: int
 

@@ -81,6 +81,7 @@ class KVCacheManager:
             seq.page_table.append(pool.take())
         self.tables.assign(seq)
         seq.num_cached_tokens = hit.num_tokens
+        seq.cached_tokens = {"gpu": hit.num_tokens}
         seq.num_computed_tokens = hit.num_tokens
 
     def needs_page(self, seq: KVSeq) -> bool:

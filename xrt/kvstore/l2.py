@@ -11,8 +11,14 @@ The L1 buffer is registered with the agent once. A batch of chunks is one NIXL t
 chunk on each side), posted and then polled with `check_xfer_state` until DONE or ERR; the poll spins briefly
 and then sleeps with a growing interval (NIXL's Python API has no blocking wait). A key is published (renamed
 and added to the index) only after its batch reported DONE; on any failure the batch's temp files are removed
-and nothing is published. Loads verify the crc32 in the name against the bytes read; a mismatch is a miss and
-the entry and file are dropped. Existence comes from the index (index.py), never from query_memory.
+and nothing is published. Loads verify the crc32 in the name against the bytes read (on a few threads: zlib
+releases the GIL); a mismatch is a miss and the entry and file are dropped. Existence comes from the index
+(index.py), never from query_memory.
+
+A load may carry a deadline (policy.py): past it the caller stops waiting and recomputes. The transfer cannot
+be taken back from NIXL while it runs, so a late transfer is handed to a thread that waits for it, then frees
+its slots and files; until then the read agent is busy and later loads with a deadline miss at once instead
+of queueing behind it.
 
 Threads: the L2 writer thread stores while the scheduler's thread looks up and loads. Each direction has its
 own agent (both register the L1 buffer), so a load never queues behind a store's transfer, and lookups take
@@ -28,7 +34,9 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +58,31 @@ TEMP_SUFFIX = ".tmp"
 STALE_TEMP_S = 3600.0
 
 
+# threads verifying loaded chunks' checksums (zlib.crc32 releases the GIL: they run in parallel)
+VERIFY_THREADS = min(8, os.cpu_count() or 1)
+
+
 class L2Error(RuntimeError):
     """A transfer that did not complete (ERR state, or NIXL raised)."""
+
+
+class L2Late(L2Error):
+    """A transfer still running at its deadline: left to a thread that frees its resources when it ends."""
+
+
+class L2Busy(L2Late):
+    """A transfer with a deadline not started: the agent is still finishing a late one."""
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """crcs[i]: item i's crc32 where its slot now holds it, verified, or None for a miss. late: the transfer
+    passed its deadline (or the read agent was still busy with a late one): every item is a miss.
+    seconds: the load's wall time, read and verify."""
+
+    crcs: list[int | None]
+    seconds: float = 0.0
+    late: bool = False
 
 
 class _Agent:
@@ -133,7 +164,9 @@ class L2Store:
         name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         params = dict(args.backend_params)
         self._agents = {op: _Agent(api, f"{name}-{op.lower()}", self.backend, params, l1) for op in ("WRITE", "READ")}
-        self.stored = self.loaded = self.corrupt = 0
+        self.stored = self.loaded = self.corrupt = self.late_transfers = 0
+        self.last_store_failed = False  # the latest store's batch failed (L2Writer counts it)
+        self._verify = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="xrt-kv-verify")
 
     # ------------------------------------------------------------------ lookups
 
@@ -153,16 +186,34 @@ class L2Store:
 
     # ------------------------------------------------------------------ transfers
 
-    def _transfer(self, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
-        """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE."""
+    def _transfer(self, op: str, slots: Sequence[int], fds: Sequence[int], deadline: float | None = None,
+                  on_late: Callable[[], None] | None = None) -> None:
+        """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE. With a
+        deadline (a perf_counter time), raises L2Late once it passes, or at once when the agent is still busy
+        with an earlier late transfer; `on_late` then runs on the thread that waits the transfer out, after
+        its NIXL resources are released."""
         a = self._agents[op]
-        with a.lock:
-            self._transfer_with(a, op, slots, fds)
+        if deadline is None:
+            a.lock.acquire()
+        elif not a.lock.acquire(blocking=False):
+            raise L2Busy(f"NIXL {self.backend} {op}: the agent is still finishing a late transfer")
+        handed_off = False
+        try:
+            handed_off = self._transfer_with(a, op, slots, fds, deadline, on_late)
+        finally:
+            if not handed_off:
+                a.lock.release()
+        if handed_off:
+            raise L2Late(f"NIXL {self.backend} {op} of {len(fds)} chunks not done by its deadline")
 
-    def _transfer_with(self, a: _Agent, op: str, slots: Sequence[int], fds: Sequence[int]) -> None:
+    def _transfer_with(self, a: _Agent, op: str, slots: Sequence[int], fds: Sequence[int],
+                       deadline: float | None = None, on_late: Callable[[], None] | None = None) -> bool:
+        """The transfer, a.lock held. True when it passed its deadline: a thread now owns it, its
+        resources and the lock (`_finish_late`)."""
         n, agent = self.chunk_bytes, a.agent
         file_reg = agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
         handle = None
+        late = False
         try:
             local = agent.get_xfer_descs([(a.base + self.l1.slot_offset(s), n, a.dev) for s in slots], a.mem)
             remote = agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
@@ -170,7 +221,13 @@ class L2Store:
             state = agent.transfer(handle)
             start, pause = time.perf_counter(), 20e-6
             while state == "PROC":
-                if time.perf_counter() - start > SPIN_S:
+                now = time.perf_counter()
+                if deadline is not None and now > deadline:
+                    late = True
+                    self.late_transfers += 1
+                    self._finish_late(a, handle, file_reg, on_late)
+                    return True
+                if now - start > SPIN_S:
                     time.sleep(pause)
                     pause = min(2 * pause, MAX_POLL_SLEEP_S)
                 state = agent.check_xfer_state(handle)
@@ -181,14 +238,40 @@ class L2Store:
         except Exception as e:  # NIXL raises its own nixl*Error types from the bindings
             raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks failed: {e}") from e
         finally:
-            if handle is not None:
-                handle.release()
-            agent.deregister_memory(file_reg, backends=[self.backend])
+            if not late:
+                if handle is not None:
+                    handle.release()
+                agent.deregister_memory(file_reg, backends=[self.backend])
+        return False
+
+    def _finish_late(self, a: _Agent, handle: Any, file_reg: Any, on_late: Callable[[], None] | None) -> None:
+        """Wait out a transfer past its deadline on a thread, then release it, run on_late (the caller's
+        cleanup: its files and slots) and the agent's lock."""
+
+        def wait() -> None:
+            try:
+                while a.agent.check_xfer_state(handle) == "PROC":
+                    time.sleep(MAX_POLL_SLEEP_S)
+            except Exception as e:  # noqa: BLE001  logged: the cleanup below must still run
+                log.warning("L2: a late %s transfer failed while finishing: %s", self.backend, e)
+            finally:
+                with contextlib.suppress(Exception):
+                    handle.release()
+                with contextlib.suppress(Exception):
+                    a.agent.deregister_memory(file_reg, backends=[self.backend])
+                try:
+                    if on_late is not None:
+                        on_late()
+                finally:
+                    a.lock.release()
+
+        threading.Thread(target=wait, name="xrt-kv-l2-late", daemon=True).start()
 
     def store(self, items: Sequence[tuple[bytes, int, int | None]]) -> list[bytes]:
         """Write chunks from L1 slots: (key, slot, crc) each (crc None: L1 computes it now), the slots
         referenced by the caller until this returns. Returns the keys published now; keys already stored are
         skipped (a no-op), and a failed batch publishes nothing."""
+        self.last_store_failed = False
         index = self.index
         if index is None:
             return []
@@ -197,7 +280,9 @@ class L2Store:
             todo = [(k, s, c) for k, s, c in dict((k, (k, s, c)) for k, s, c in items).values()
                     if k.hex() not in index.entries]
         # more than the limit at once would only evict part of this batch again
-        todo = [(k, s, self.l1.checksum_of(k, s) if c is None else c) for k, s, c in todo[: self.limit]]
+        todo = todo[: self.limit]
+        crcs = self._verify.map(lambda t: self.l1.checksum_of(t[0], t[1]) if t[2] is None else t[2], todo)
+        todo = [(k, s, c) for (k, s, _), c in zip(todo, crcs, strict=True)]
         if not todo:
             return []
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -217,6 +302,7 @@ class L2Store:
                 index.update(add=published, limit=self.limit)
         except (OSError, L2Error) as e:
             log.warning("L2 store of %d chunks failed, nothing published: %s", len(todo), e)
+            self.last_store_failed = True
             for tmp in tmps:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -227,19 +313,34 @@ class L2Store:
         self.stored += len(published)
         return [k for k, _, _ in todo]
 
-    def load(self, items: Sequence[tuple[bytes, int]]) -> list[int | None]:
-        """Read chunks into L1 slots the caller reserved: (key, slot) each. The chunk's crc32 where the slot
-        now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc: the entry
-        is dropped). The caller publishes the slots that loaded (with that crc) and aborts the others."""
+    def load(self, items: Sequence[tuple[bytes, int]], deadline_s: float | None = None,
+             on_late: Callable[[], None] | None = None) -> LoadResult:
+        """Read chunks into L1 slots the caller reserved: (key, slot) each. Per item the chunk's crc32 where
+        the slot now holds it, verified; None for a miss (not indexed, file gone, failed transfer, bad crc:
+        the entry is dropped). The caller publishes the slots that loaded (with that crc) and aborts the
+        others, except after a late load (`LoadResult.late`): its slots are still being written, and
+        `on_late` runs (on another thread) once they are not; the caller aborts them there."""
+        start = time.perf_counter()
         ok: list[int | None] = [None] * len(items)
         index = self.index
         if index is None or not items:
-            return ok
+            return LoadResult(ok)
         with self._index_lock:
             index.refresh()
             entries = [index.entries.get(k.hex()) for k, _ in items]
         want: list[tuple[int, str, int, int]] = []  # (item, key hex, crc, fd)
         gone: list[str] = []
+        late = False
+
+        def close_files() -> None:
+            for *_, fd in want:
+                os.close(fd)
+
+        def after_late() -> None:
+            close_files()
+            if on_late is not None:
+                on_late()
+
         try:
             for i, ((k, _), entry) in enumerate(zip(items, entries, strict=True)):
                 if entry is None:
@@ -252,25 +353,37 @@ class L2Store:
                     continue
                 want.append((i, k.hex(), crc, fd))
             if want:
+                deadline = None if deadline_s is None else start + deadline_s
                 try:
-                    self._transfer("READ", [items[i][1] for i, _, _, _ in want], [fd for *_, fd in want])
+                    self._transfer("READ", [items[i][1] for i, _, _, _ in want], [fd for *_, fd in want],
+                                   deadline, after_late)
+                except L2Late as e:
+                    late = True  # the files are closed by after_late: now (not started) or once it ends
+                    if isinstance(e, L2Busy):
+                        after_late()
+                    log.info("L2 load abandoned: %s", e)
+                    return LoadResult(ok, time.perf_counter() - start, late=True)
                 except L2Error as e:
                     log.warning("L2 load of %d chunks failed: %s", len(want), e)
-                    return ok
-                for i, key_hex, crc, _ in want:
-                    if checksum(self.l1.slot_bytes(items[i][1])) == crc:
+                    return LoadResult(ok, time.perf_counter() - start)
+                crcs = list(self._verify.map(lambda w: checksum(self.l1.slot_bytes(items[w[0]][1])), want))
+                for (i, key_hex, crc, _), got in zip(want, crcs, strict=True):
+                    if got == crc:
                         ok[i] = crc
-                        with self._index_lock:
-                            index.touch(key_hex)
                     else:
                         log.warning("L2 chunk %s failed its checksum: dropped", key_hex[:16])
                         self.corrupt += 1
                         gone.append(key_hex)
                         with contextlib.suppress(OSError):
                             os.unlink(self.dir / data_name(key_hex, crc))
+                touched = [key_hex for (i, key_hex, _, _) in want if ok[i] is not None]
+                if touched:
+                    with self._index_lock:
+                        for key_hex in touched:
+                            index.touch(key_hex)
         finally:
-            for *_, fd in want:
-                os.close(fd)
+            if not late:
+                close_files()
             if gone:
                 try:
                     with self._index_lock:
@@ -278,7 +391,7 @@ class L2Store:
                 except OSError as e:  # the entries stay listed; the next load finds them bad again
                     log.warning("L2 index update failed: %s", e)
         self.loaded += sum(crc is not None for crc in ok)
-        return ok
+        return LoadResult(ok, time.perf_counter() - start)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -292,4 +405,7 @@ class L2Store:
 
     def close(self) -> None:
         for a in self._agents.values():
+            with a.lock:  # a late transfer finishes first (its thread holds the lock)
+                pass
             a.close()
+        self._verify.shutdown(wait=True)

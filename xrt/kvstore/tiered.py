@@ -11,23 +11,29 @@ are contiguous (and at least one token is left to compute); it returns a `Tiered
 reaches past its GPU pages. `allocate` takes fresh pages for the rest as usual, then fills the tier chunks'
 pages: L1 chunks are scattered from their slots; L2 chunks are read into L1 slots in one NIXL transfer,
 verified, published in L1 and scattered. A chunk that fails (gone, bad checksum) ends the loaded prefix
-there: num_computed_tokens is cut back, so the scheduler prefills from that point. An L2 load whose
-estimated time (bytes over the measured L2 read bandwidth) exceeds recomputing its tokens (over the measured
-prefill rate, fed by the engine) is skipped. The scheduler is unchanged: it admits by hit.num_tokens and
-prefills from num_computed_tokens."""
+there: num_computed_tokens is cut back, so the scheduler prefills from that point. The scheduler is
+unchanged: it admits by hit.num_tokens and prefills from num_computed_tokens.
+
+Never slower than recomputing (policy.py, `cache.l2.load_policy=measured`): an L2 run whose estimated load
+time (bytes over the measured L2 bandwidth) exceeds recomputing its tokens (over the prefill rate the engine
+measures) is not started (`skipped_slow`); a long one is read in batches of `cache.l2.load_batch_mb`, each
+with a deadline of its tokens' recompute time, and after each batch the rest is weighed again with the
+bandwidth measured so far: a load that turns out slow, or a batch past its deadline, ends the loaded prefix
+there (`abandoned_loads`) and the scheduler prefills the rest.
+
+Each admitted sequence's `cached_tokens` says how many prompt tokens each tier supplied (RequestOutput
+hands it back); `stats` counts it all (stats.py)."""
 
 from __future__ import annotations
 
 import atexit
-import queue
-import threading
-import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from xrt.config import L2LoadPolicy
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.manager import KVCacheManager
 from xrt.kvstore.chunk import ChunkLayout
@@ -35,14 +41,15 @@ from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, chunk_keys
 from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.policy import LoadPolicy, PrefillClock
+from xrt.kvstore.stats import GPU, L1, L2, TierStats
+from xrt.kvstore.writer import L2Writer
 from xrt.log import get_logger
+from xrt.units import MB
+
+__all__ = ["GPU", "L1", "L2", "TierStats", "TieredHit", "TieredKVCacheManager"]
 
 log = get_logger(__name__)
-GPU, L1, L2 = "gpu", "l1", "l2"
-# chunks waiting for the L2 writer; past this, new chunks are stored in L1 only
-L2_QUEUE_CHUNKS = 64
-# chunks per NIXL write transfer
-L2_BATCH = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,35 +61,24 @@ class TieredHit(PrefixHit):
     gpu_tokens: int = 0
 
 
-@dataclass
-class TierStats:
-    """Prefix tokens found per tier at admission (what was actually loaded: a failed chunk is not counted)."""
-
-    hit_tokens: dict[str, int] = field(default_factory=lambda: {GPU: 0, L1: 0, L2: 0})
-    stored_l1: int = 0
-    stored_l2: int = 0
-    dropped_l2: int = 0  # chunks the L2 queue had no room for
-    failed_loads: int = 0
-    skipped_slow: int = 0  # L2 loads skipped: recomputing was estimated faster
-
-
 class TieredKVCacheManager(KVCacheManager):
     def __init__(self, num_pages: int, page_size: int, kv: torch.Tensor, layout: ChunkLayout,
-                 namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None) -> None:
+                 namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None,
+                 load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
         self.chunk_tokens = layout.chunk_tokens
         self.ppc = layout.pages_per_chunk
         self.copier = ChunkCopier(kv)
         self.stats = TierStats()
+        self.policy = LoadPolicy()
+        self.measured = load_policy is L2LoadPolicy.MEASURED
+        self.load_batch = max(1, load_batch_mb * MB // layout.nbytes)  # chunks per L2 read
+        self.prefill_clock = PrefillClock(kv.device)
         self._gathers: list[tuple[torch.cuda.Event | None, list[int], int, bytes]] = []  # (done, pages, slot, key)
-        self._l2_bw: float | None = None  # bytes/s of L2 loads, moving average
-        self._prefill_rate: float | None = None  # tokens/s of prefill steps, moving average
-        self._queue: queue.Queue[tuple[bytes, int, int | None] | None] = queue.Queue(L2_QUEUE_CHUNKS)
-        self._writer: threading.Thread | None = None
+        self.writer: L2Writer | None = None
         if l2 is not None:
-            self._writer = threading.Thread(target=self._write_l2, name="xrt-kv-l2", daemon=True)
-            self._writer.start()
+            self.writer = L2Writer(l2, l1, self.stats)
             # the writer is a daemon (it must never keep a process alive); at exit, let it finish what is queued
             # so a run's chunks are in L2 for the next one. A weak reference: the hook keeps no manager alive.
             ref = weakref.ref(self)
@@ -92,6 +88,8 @@ class TieredKVCacheManager(KVCacheManager):
     # ------------------------------------------------------------------ store: GPU -> L1 -> L2
 
     def _on_commit(self, event: CommittedPages) -> None:
+        if self.writer is not None:
+            self.writer.ensure_running()
         self._reap()
         ct = self.chunk_tokens
         first, last = -(-(event.start + 1) // ct) - 1, event.end // ct  # chunks whose end lies in (start, end]
@@ -122,66 +120,50 @@ class TieredKVCacheManager(KVCacheManager):
             self.unpin(pages)
             self.l1.publish(slot)  # its crc32 is computed by the L2 writer, off this thread
             self.stats.stored_l1 += 1
-            if self._writer is not None:
+            if self.writer is not None:
                 got = self.l1.acquire(key)  # referenced until written: L1 eviction must not reuse it
-                if got is not None:
-                    try:
-                        self._queue.put_nowait((key, got[0], got[1]))
-                    except queue.Full:
-                        self.l1.release(got[0])
-                        self.stats.dropped_l2 += 1
+                if got is not None and not self.writer.offer((key, got[0], got[1])):
+                    self.l1.release(got[0])
+                    self.stats.dropped_l2 += 1
         self._gathers = left
-
-    def _write_l2(self) -> None:
-        assert self.l2 is not None
-        while True:
-            item = self._queue.get()
-            batch = [item]
-            while len(batch) < L2_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = None in batch
-            items = [b for b in batch if b is not None]
-            try:
-                if items:
-                    self.stats.stored_l2 += len(self.l2.store(items))
-            except Exception as e:  # a bug or NIXL failure must not kill the writer: chunks stay L1-only
-                log.warning("L2 writer: %s", e)
-            finally:
-                for _, slot, _ in items:
-                    self.l1.release(slot)
-                for _ in batch:
-                    self._queue.task_done()
-            if stop:
-                return
 
     def flush(self) -> None:
         """Wait until every chunk handed to the L2 writer is written (tests, shutdown)."""
         self._reap()
-        if self._writer is not None:
-            self._queue.join()
+        self._fold_times()
+        if self.writer is not None:
+            self.writer.flush()
 
     def close(self) -> None:
         self.flush()
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
         if self.l2 is not None:
             self.l2.close()
 
     # ------------------------------------------------------------------ load: L1 / L2 -> GPU
 
-    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """The engine's measured prefill rate: what recomputing a prefix would cost."""
-        if num_tokens > 0 and seconds > 0:
-            rate = num_tokens / seconds
-            self._prefill_rate = rate if self._prefill_rate is None else 0.8 * self._prefill_rate + 0.2 * rate
+    def prefill_started(self) -> None:
+        """The engine starts a prefill step: its cost is what recomputing a prefix would cost."""
+        self.prefill_clock.start()
+
+    def prefill_done(self, num_tokens: int) -> None:
+        self.prefill_clock.stop(num_tokens)
+
+    def _fold_times(self) -> None:
+        """Measurements whose device events completed: prefill steps (the recompute rate) and L1 loads."""
+        for n, seconds in self.prefill_clock.poll():
+            self.policy.observe_prefill(n, seconds)
+        for tier, nbytes, seconds in self.copier.finished_scatters():
+            if tier == L1:  # an L2 chunk's upload is not the L2 tier's bandwidth (read + verify is)
+                self.stats.loaded_bytes[L1] += nbytes
+                self.stats.load_s[L1] += seconds
 
     def lookup(self, token_ids: list[int]) -> PrefixHit:
         self._reap()
+        self._fold_times()
+        self.stats.lookups += 1
         hit = super().lookup(token_ids)
         ct = self.chunk_tokens
         loadable = (len(token_ids) - 1) // ct  # whole chunks, leaving the last token to compute
@@ -204,93 +186,128 @@ class TieredKVCacheManager(KVCacheManager):
         return TieredHit(hit.pages, hit.hashes, end, tuple(chunks), hit.num_tokens)
 
     def _not_slower_than_recompute(self, chunks: list[tuple[int, bytes, str]]) -> list[tuple[int, bytes, str]]:
-        """Cut the chunks at the first L2 one when loading the L2 part is estimated slower than prefilling it."""
+        """Cut the chunks at the first L2 one when loading the L2 part is estimated slower than prefilling it
+        (L2 chunks end the contiguous run only at its end: they are weighed together)."""
         first_l2 = next((i for i, c in enumerate(chunks) if c[2] == L2), None)
-        if first_l2 is None or self._l2_bw is None or self._prefill_rate is None:
+        if first_l2 is None or not self.measured:
             return chunks
-        n = len(chunks) - first_l2  # L2 loads end the contiguous run only at its end; estimate them together
-        load_s = n * self.layout.nbytes / self._l2_bw
-        recompute_s = n * self.chunk_tokens / self._prefill_rate
-        if load_s > recompute_s:
+        n = len(chunks) - first_l2
+        if not self.policy.worth_loading(n * self.chunk_tokens, n * self.layout.nbytes):
             self.stats.skipped_slow += 1
             return chunks[:first_l2]
         return chunks
 
     def allocate(self, seq: KVSeq, hit: PrefixHit) -> None:
         super().allocate(seq, hit)
-        if not isinstance(hit, TieredHit):
-            self.stats.hit_tokens[GPU] += hit.num_tokens
-            return
-        self.stats.hit_tokens[GPU] += hit.gpu_tokens
-        loaded_end = self._load(seq, hit)
-        seq.num_cached_tokens = seq.num_computed_tokens = loaded_end
+        gpu = hit.gpu_tokens if isinstance(hit, TieredHit) else hit.num_tokens
+        loaded = {GPU: gpu, L1: 0, L2: 0}
+        end = self._load(seq, hit, loaded) if isinstance(hit, TieredHit) else hit.num_tokens
+        seq.num_cached_tokens = seq.num_computed_tokens = end
+        seq.cached_tokens = loaded
+        for tier, n in loaded.items():
+            self.stats.hit_tokens[tier] += n
+        self.stats.computed_tokens += len(seq.token_ids) - end
 
-    def _load(self, seq: KVSeq, hit: TieredHit) -> int:
-        """Fill the tier chunks' fresh pages; returns the end (tokens) of the prefix now in the pages."""
+    def _load(self, seq: KVSeq, hit: TieredHit, loaded: dict[str, int]) -> int:
+        """Fill the tier chunks' fresh pages, counting the tokens per tier in `loaded`; returns the end
+        (tokens) of the prefix now in the pages."""
         ct, gpu_pages = self.chunk_tokens, len(hit.pages)
         end = hit.gpu_tokens
-        # L2 chunks first, in one transfer, into L1 slots; L1 chunks are read from their slots.
+        # L2 chunks first, in batches, into L1 slots; L1 chunks are read from their slots.
         l2_chunks = [(c, k) for c, k, tier in hit.chunks if tier == L2]
         slots: dict[int, int] = {}
+        cut = False  # the L2 part was cut short by the policy or a full L1: not a failure
         if l2_chunks:
-            slots = self._read_l2(l2_chunks)
+            slots, cut = self._read_l2(l2_chunks)
         for c, key, tier in hit.chunks:
             if tier == L1:
                 got = self.l1.acquire(key)
                 slot = got[0] if got is not None else None
             else:
-                slot = slots.get(c)
+                slot = slots.pop(c, None)
             if slot is None:
-                self.stats.failed_loads += 1
+                if tier == L1 or not cut:
+                    self.stats.failed_loads += 1
                 break
             try:
                 pages = seq.page_table[c * self.ppc : (c + 1) * self.ppc]
                 skip = max(0, gpu_pages - c * self.ppc)  # pages of this chunk the GPU hit shares already
-                done = self.copier.scatter(self.l1.slot_view(slot)[:, skip:], pages[skip:])
+                done = self.copier.scatter(self.l1.slot_view(slot)[:, skip:], pages[skip:], tier)
                 if done is not None:
                     # the next forward pass (on the compute stream) reads these pages
                     torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
             finally:
                 self.l1.release(slot)
-            self.stats.hit_tokens[tier] += (c + 1) * ct - max(end, c * ct)
+            loaded[tier] += (c + 1) * ct - max(end, c * ct)
             end = (c + 1) * ct
-        for c, slot in slots.items():  # loaded but after a failed chunk: nothing scattered
-            if c * ct >= end:
-                self.l1.release(slot)
+        for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
+            self.l1.release(slot)
         return end
 
-    def _read_l2(self, chunks: Sequence[tuple[int, bytes]]) -> dict[int, int]:
-        """{chunk: L1 slot, referenced} for the chunks now in L1: read from L2 in one transfer and verified
-        (then published in L1 too), or found in L1 already. Stops at the first chunk without a slot."""
+    def _read_l2(self, chunks: Sequence[tuple[int, bytes]]) -> tuple[dict[int, int], bool]:
+        """{chunk: L1 slot, referenced} for a leading run of the chunks now in L1: read from L2 in batches of
+        `load_batch` chunks (one transfer each), verified and published in L1, or found there already. Stops
+        at the first chunk without a slot, a failed batch, or the policy's verdict that the rest is not worth
+        waiting for; the flag says the load was cut short on purpose (policy, deadline, full L1), not failed."""
         assert self.l2 is not None
         out: dict[int, int] = {}
-        fresh: list[tuple[int, bytes, int]] = []
-        for c, key in chunks:
-            got = self.l1.acquire(key)
-            if got is not None:
-                out[c] = got[0]
+        ct, nbytes = self.chunk_tokens, self.layout.nbytes
+        i = 0
+        while i < len(chunks):
+            fresh: list[tuple[int, bytes, int]] = []
+            while i < len(chunks) and len(fresh) < self.load_batch:
+                c, key = chunks[i]
+                got = self.l1.acquire(key)
+                if got is not None:
+                    out[c] = got[0]
+                    i += 1
+                    continue
+                try:
+                    slot = self.l1.reserve(key)
+                except L1Full:
+                    slot = None
+                if slot is None:  # L1 full of referenced chunks, or this one being gathered right now
+                    for _, _, s in fresh:
+                        self.l1.abort(s)
+                    return out, True
+                fresh.append((c, key, slot))
+                i += 1
+            if not fresh:
                 continue
-            try:
-                slot = self.l1.reserve(key)
-            except L1Full:
-                break
-            if slot is None:  # being gathered into L1 right now
-                break
-            fresh.append((c, key, slot))
-        if not fresh:
-            return out
-        start = time.perf_counter()
-        crcs = self.l2.load([(k, s) for _, k, s in fresh])
-        seconds = time.perf_counter() - start
-        if all(crc is not None for crc in crcs) and seconds > 0:
-            bw = len(fresh) * self.layout.nbytes / seconds
-            self._l2_bw = bw if self._l2_bw is None else 0.8 * self._l2_bw + 0.2 * bw
-        for (c, key, slot), crc in zip(fresh, crcs, strict=True):
-            if crc is None:
-                self.l1.abort(slot)
-                continue
-            self.l1.publish(slot, crc)
-            got = self.l1.acquire(key)  # only this thread reserves L1 slots, so nothing evicted it since
-            if got is not None:
-                out[c] = got[0]
-        return out
+            n = len(fresh)
+            if self.measured and out and not self.policy.worth_loading(
+                    (len(chunks) - i + n) * ct, (len(chunks) - i + n) * nbytes):
+                for _, _, slot in fresh:
+                    self.l1.abort(slot)
+                self.stats.abandoned_loads += 1
+                return out, True
+            deadline = self.policy.deadline_s(n * ct, n * nbytes) if self.measured else None
+            aborts = [slot for _, _, slot in fresh]
+            result = self.l2.load([(k, s) for _, k, s in fresh], deadline,
+                                  on_late=lambda slots=aborts: [self.l1.abort(s) for s in slots])
+            if result.late:
+                self.stats.abandoned_loads += 1
+                return out, True
+            good = sum(crc is not None for crc in result.crcs)
+            self.stats.loaded_bytes[L2] += good * nbytes
+            self.stats.load_s[L2] += result.seconds
+            self.stats.checksum_failures = self.l2.corrupt
+            if good == n:
+                self.policy.observe_l2(n * nbytes, result.seconds)
+            complete = True
+            for (c, key, slot), crc in zip(fresh, result.crcs, strict=True):
+                if crc is None or not complete:
+                    # after a miss the rest of the batch is not contiguous with the prefix: not published
+                    # from this load (a verified chunk is still published in L1 for the next one)
+                    if crc is None:
+                        self.l1.abort(slot)
+                        complete = False
+                        continue
+                self.l1.publish(slot, crc)
+                if complete:
+                    got = self.l1.acquire(key)  # only this thread reserves L1 slots: nothing evicted it since
+                    if got is not None:
+                        out[c] = got[0]
+            if not complete:
+                return out, False
+        return out, False

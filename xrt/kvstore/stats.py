@@ -1,0 +1,85 @@
+"""What the KV tiers did, counted by the tiered manager (tiered.py) and its L2 writer: printed by `xrt run`
+at the end, recorded in `xrt bench` rows (`as_dict`, flat so two snapshots diff key by key)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GPU, L1, L2 = "gpu", "l1", "l2"
+TIERS = (GPU, L1, L2)
+
+
+def _per_tier() -> dict[str, int]:
+    return dict.fromkeys(TIERS, 0)
+
+
+@dataclass
+class TierStats:
+    """hit_tokens: prefix tokens each tier supplied at admission (what was actually loaded: a chunk that
+    failed is not counted); computed_tokens: prompt tokens admitted with no tier holding them (prefilled).
+    loaded_bytes / load_s: bytes moved up from L1 and L2 and the seconds the loads took (L2: read and
+    verified). skipped_slow: L2 loads the policy did not start, estimated slower than recomputing;
+    abandoned_loads: loads stopped part way (slower than estimated, or past their deadline).
+    checksum_failures: L2 chunks whose bytes did not match their crc32 (a miss; the file is dropped).
+    store_errors: L2 store batches that failed (nothing published); writer_restarts: times the L2 writer
+    thread died and was started again; store_queue_max: the deepest the L2 store queue got."""
+
+    hit_tokens: dict[str, int] = field(default_factory=_per_tier)
+    computed_tokens: int = 0
+    lookups: int = 0
+    loaded_bytes: dict[str, int] = field(default_factory=lambda: {L1: 0, L2: 0})
+    load_s: dict[str, float] = field(default_factory=lambda: {L1: 0.0, L2: 0.0})
+    stored_l1: int = 0
+    stored_l2: int = 0
+    stored_bytes_l2: int = 0
+    store_s_l2: float = 0.0
+    dropped_l2: int = 0  # chunks the L2 queue had no room for
+    failed_loads: int = 0
+    skipped_slow: int = 0
+    abandoned_loads: int = 0
+    checksum_failures: int = 0
+    store_errors: int = 0
+    writer_restarts: int = 0
+    store_queue_max: int = 0
+
+    def bandwidth(self, tier: str) -> float | None:
+        """Bytes/s of this tier's loads, None before any."""
+        s = self.load_s.get(tier, 0.0)
+        return self.loaded_bytes[tier] / s if s > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f"hit_tokens_{t}": n for t, n in self.hit_tokens.items()}
+        for t in (L1, L2):
+            out[f"loaded_bytes_{t}"] = self.loaded_bytes[t]
+            out[f"load_s_{t}"] = self.load_s[t]
+        out.update(
+            computed_tokens=self.computed_tokens, lookups=self.lookups, stored_chunks_l1=self.stored_l1,
+            stored_chunks_l2=self.stored_l2, stored_bytes_l2=self.stored_bytes_l2, store_s_l2=self.store_s_l2,
+            dropped_l2=self.dropped_l2, failed_loads=self.failed_loads, skipped_slow=self.skipped_slow,
+            abandoned_loads=self.abandoned_loads, checksum_failures=self.checksum_failures,
+            store_errors=self.store_errors, writer_restarts=self.writer_restarts,
+            store_queue_max=self.store_queue_max,
+        )
+        return out
+
+    def summary(self, queue_depth: int = 0) -> str:
+        """Two lines for `xrt run`: where prefixes came from, and what moved between the tiers."""
+        hits = ", ".join(f"{t} {n}" for t, n in self.hit_tokens.items())
+
+        def moved(t: str) -> str:
+            bw = self.bandwidth(t)
+            rate = f" at {bw / 1e9:.2f} GB/s" if bw is not None else ""
+            return f"{t} {self.loaded_bytes[t] / 1e6:.1f} MB{rate}"
+
+        write = (f", {self.stored_bytes_l2 / self.store_s_l2 / 1e9:.2f} GB/s"
+                 if self.store_s_l2 > 0 else "")
+        return (
+            f"kv tiers: prefix tokens cached {hits}, computed {self.computed_tokens} ({self.lookups} lookups) | "
+            f"loaded {moved(L1)}, {moved(L2)}\n"
+            f"kv tiers: chunks stored l1 {self.stored_l1}, l2 {self.stored_l2}{write} (queue max "
+            f"{self.store_queue_max}, now {queue_depth}, dropped {self.dropped_l2}, store errors "
+            f"{self.store_errors}, writer restarts {self.writer_restarts}) | L2 loads skipped as slower "
+            f"{self.skipped_slow}, abandoned {self.abandoned_loads}, failed {self.failed_loads}, checksum "
+            f"failures {self.checksum_failures}"
+        )
