@@ -178,7 +178,7 @@ def _run_setting(
     if manager is not None:
         manager.flush()
     stats = stats_diff(stats_snapshot(engine), before)
-    served, source = served_by_tier(done, stats, tiers)
+    served = served_by_tier(done)
     num_pages, page_size = capacity if capacity is not None else (0, 0)
     close_engine(engine)
     del engine, manager
@@ -202,7 +202,6 @@ def _run_setting(
         "ttft_ms": statistics.fmean(ttfts),
         "tpot_ms": statistics.fmean(tpots) if tpots else None,
         "cached_tokens": served,
-        "cached_tokens_source": source,
         "computed_prompt_tokens": prompt_tokens - sum(served.values()),
         "preemptions": sum(int(getattr(o, "num_preemptions", 0)) for o in done),
         "working_set_tokens": sum(map(len, histories)),

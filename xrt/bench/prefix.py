@@ -11,10 +11,11 @@ is RequestOutput.ttft_s, add_request to the first token on the host):
 - l1: the GPU prefix cache evicted (tiers.evict()), the prompt again: its chunks from L1;
 - l2: that engine closed (L2 writer flushed and stopped), the L2 files dropped from the OS page cache
   (fsync + posix_fadvise DONTNEED, checked with mincore: `page_cache`), a new engine on the same directory, one
-  untimed prefill of an unrelated prompt of the same length (the L2 policy weighs loading against the prefill
-  rate it measured), then the prompt: loaded from L2 (cached_tokens["l2"] > 0) or recomputed (the policy found
-  loading slower, or the chunks were not there), and the L2 load bandwidth (loaded_bytes_l2 / load_s_l2 of the
-  phase's stats).
+  untimed prefill of an unrelated prompt of the same length (the L2 policy, cache.l2.load_policy=measured, weighs
+  loading against the prefill rate it measured), then the prompt: `l2_choice` loaded (every whole chunk from
+  L2), partly loaded (cached_tokens["l2"] short of them: a load abandoned part way, or chunks the store dropped)
+  or recomputed (none: the policy found loading slower, or the chunks were not there), and the L2 load bandwidth
+  (loaded_bytes_l2 / load_s_l2 of the phase's stats).
 One engine at a time: each is closed and freed before the next is built. The L2 directory is bench-l2 under
 cache.l2.path (or bench.out_dir), emptied before each iteration and removed at the end; cache.l1.size_gb is
 raised to hold one prompt of the longest length (KV bytes per token of the engine's layout x length x 1.2). The
@@ -108,14 +109,12 @@ class _Phases:
         self.ttft: dict[str, list[float]] = {p: [] for p in PHASES}
         self.tokens: dict[str, list[list[int]]] = {p: [] for p in PHASES}
         self.cached: dict[str, list[dict[str, int]]] = {p: [] for p in PHASES}
-        self.source: set[str] = set()
 
-    def add(self, phase: str, out: Output, stats: dict[str, float], tiers: KVTiers) -> dict[str, int]:
+    def add(self, phase: str, out: Output) -> dict[str, int]:
         self.ttft[phase].append(ttft_ms(out))
         self.tokens[phase].append(list(out.token_ids))
-        served, source = served_by_tier([out], stats, tiers)
+        served = served_by_tier([out])
         self.cached[phase].append(served)
-        self.source.add(source)
         return served
 
 
@@ -143,6 +142,7 @@ def run_prefix(
             "model": cfg.model.name,
             "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
             "chunk_tokens": cfg.cache.chunk_tokens,
+            "l2_load_policy": getattr(getattr(cfg.cache.l2, "load_policy", None), "value", None),
             "page_size": cfg.cache.page_size,
             "output_tokens": OUTPUT_TOKENS,
             "warmup": cfg.bench.warmup,
@@ -181,11 +181,11 @@ def _measure_length(
     warm = [random_prompts(vocab, 1, length, seed, WARMUP_REP + w)[0] for w in range(b.warmup)]
     restart_warm = random_prompts(vocab, 1, length, seed, RESTART_REP)[0]
     got = _Phases()
+    whole = n // cfg.cache.chunk_tokens * cfg.cache.chunk_tokens  # the prompt's whole chunks: what a tier can hold
 
-    def step(phase: str, engine: Engine, prompt: list[int], tiers: KVTiers, i: int) -> dict[str, int]:
-        before = stats_snapshot(engine)
+    def step(phase: str, engine: Engine, prompt: list[int], i: int) -> dict[str, int]:
         (out,) = run_requests(engine, [prompt], OUTPUT_TOKENS)
-        served = got.add(phase, out, stats_diff(stats_snapshot(engine), before), tiers)
+        served = got.add(phase, out)
         hits = ", ".join(f"{t} {served[t]}" for t in TIERS if served[t])
         log_line(
             progress,
@@ -207,7 +207,7 @@ def _measure_length(
     for w in warm:
         run_requests(engine, [w], OUTPUT_TOKENS)
     for i, p in enumerate(prompts):
-        step("cold", engine, p, KVTiers.GPU, i)
+        step("cold", engine, p, i)
     del engine
     release(cfg)
 
@@ -225,13 +225,13 @@ def _measure_length(
         if tiers is not None:
             tiers.flush()
         start = stats_snapshot(engine)
-        step("tiered_cold", engine, p, KVTiers.L1_L2, i)
+        step("tiered_cold", engine, p, i)
         if tiers is not None:
             tiers.flush()  # the L2 writer done before the next phases are timed
-        step("gpu", engine, p, KVTiers.L1_L2, i)
+        step("gpu", engine, p, i)
         if tiers is not None:
             tiers.evict()  # forget the GPU prefix cache: the next lookup goes to L1
-        step("l1", engine, p, KVTiers.L1_L2, i)
+        step("l1", engine, p, i)
         close_engine(engine)
         _add(store_stats, stats_diff(stats_snapshot(engine), start))
         del engine, tiers
@@ -249,16 +249,15 @@ def _measure_length(
         if tiers is not None:
             tiers.flush()  # its chunks written before the load is timed
         before = stats_snapshot(engine)
-        served = step("l2", engine, p, KVTiers.L1_L2, i)
+        served = step("l2", engine, p, i)
         phase_stats = stats_diff(stats_snapshot(engine), before)
         close_engine(engine)
         _add(restart_stats, phase_stats)
         del engine, tiers
         release(cfg)
         fresh_dir(root)
-        runs.append(_run(served, phase_stats, drop, got, i))
+        runs.append(_run(served, whole, phase_stats, drop, got, i))
 
-    whole = n // cfg.cache.chunk_tokens * cfg.cache.chunk_tokens
     return tiered_cfg, {
         **_row(n, length, bytes_per_token, whole, got, runs),
         "tier_stats_tiered": store_stats,
@@ -272,15 +271,26 @@ def _add(total: dict[str, float], diff: dict[str, float]) -> None:
         total[k] = max(total.get(k, v), v) if k.endswith("_max") else total.get(k, 0) + v
 
 
-def _run(served: dict[str, int], stats: dict[str, float], drop: dict[str, Any], got: _Phases, i: int) -> dict[str, Any]:
+def l2_choice(l2_tokens: int, whole: int) -> str:
+    """What the restarted engine did with the prefix in L2: loaded all of its whole chunks, part of them (a load
+    the policy abandoned part way, or chunks the store dropped), or none (recomputed)."""
+    if l2_tokens <= 0:
+        return "recomputed"
+    return "loaded" if l2_tokens >= whole else "partly loaded"
+
+
+def _run(
+    served: dict[str, int], whole: int, stats: dict[str, float], drop: dict[str, Any], got: _Phases, i: int
+) -> dict[str, Any]:
     """One iteration's restart figures: the L2 policy's choice, its load bandwidth, the page cache drop."""
     loaded, seconds = stats.get("loaded_bytes_l2"), stats.get("load_s_l2")
     outputs = {p: got.tokens[p][i] for p in PHASES}
     return {
-        "l2_choice": "loaded" if served["l2"] > 0 else "recomputed",
+        "l2_choice": l2_choice(served["l2"], whole),
         "l2_tokens": served["l2"],
         "l2_load_gbps": loaded / seconds / 1e9 if loaded and seconds else None,
         "l2_skipped_slow": stats.get("skipped_slow"),
+        "l2_abandoned_loads": stats.get("abandoned_loads"),
         "page_cache": drop["status"],
         "page_cache_resident": drop.get("resident"),
         "outputs_identical": all(t == outputs["cold"] for t in outputs.values()),
@@ -315,7 +325,6 @@ def _row(
     drops = {r["page_cache"] for r in runs}
     rec["page_cache"] = drops.pop() if len(drops) == 1 else "/".join(sorted(drops))
     rec["outputs_identical"] = all(r["outputs_identical"] for r in runs)
-    rec["cached_tokens_source"] = "/".join(sorted(got.source))
     rec["runs"] = runs
     return rec
 

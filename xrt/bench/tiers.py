@@ -4,7 +4,6 @@ the KV bytes per token of an engine's layout."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -89,22 +88,11 @@ def kv_bytes_per_token(engine: Engine) -> int:
 
 
 def stats_snapshot(engine: Engine) -> dict[str, float]:
-    """The tiers' counters now, flat (TierStats.as_dict, or its fields with hit_tokens spread as hit_tokens_<tier>
-    on a TierStats without it); {} for cache.tiers=gpu."""
+    """The tiers' counters now, flat (TierStats.as_dict); {} for cache.tiers=gpu."""
     tiers = tier_manager(engine)
     if tiers is None:
         return {}
-    stats = tiers.stats
-    if hasattr(stats, "as_dict"):
-        return {k: v for k, v in stats.as_dict().items() if isinstance(v, (int, float))}
-    out: dict[str, float] = {}
-    for f in dataclasses.fields(stats):
-        value = getattr(stats, f.name)
-        if isinstance(value, Mapping):
-            out.update({f"{f.name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
-        elif isinstance(value, (int, float)):
-            out[f.name] = value
-    return out
+    return {k: v for k, v in tiers.stats.as_dict().items() if isinstance(v, (int, float))}
 
 
 def stats_diff(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
@@ -112,24 +100,15 @@ def stats_diff(after: Mapping[str, float], before: Mapping[str, float]) -> dict[
     return {k: v if k.endswith("_max") else v - before.get(k, 0) for k, v in after.items()}
 
 
-def cached_tokens(out: Output) -> dict[str, int] | None:
-    """RequestOutput.cached_tokens (prompt tokens whose KV came from each tier); None from an engine without it."""
-    got = getattr(out, "cached_tokens", None)
-    if not isinstance(got, Mapping):
-        return None
-    return {t: int(got.get(t, 0)) for t in TIERS}
-
-
-def served_by_tier(outs: Sequence[Output], stats: Mapping[str, float], tiers: KVTiers) -> tuple[dict[str, int], str]:
-    """Prompt tokens each tier served these requests, and where the figures come from: the requests'
-    cached_tokens, else the tiers' hit counters over the same phase (cache.tiers=gpu: every cached token)."""
-    per = [cached_tokens(o) for o in outs]
-    if all(p is not None for p in per):
-        return {t: sum(p[t] for p in per if p is not None) for t in TIERS}, "cached_tokens"
-    if tiers is KVTiers.GPU or not stats:
-        total = sum(int(getattr(o, "num_cached_tokens", 0)) for o in outs)
-        return {"gpu": total, "l1": 0, "l2": 0}, "num_cached_tokens"
-    return {t: int(stats.get(f"hit_tokens_{t}", 0)) for t in TIERS}, "tier stats"
+def served_by_tier(outs: Sequence[Output]) -> dict[str, int]:
+    """Prompt tokens each tier served these requests (RequestOutput.cached_tokens; a tier it leaves out, as
+    cache.tiers=gpu leaves out l1 and l2, served none)."""
+    total = dict.fromkeys(TIERS, 0)
+    for o in outs:
+        got = getattr(o, "cached_tokens", None) or {}
+        for t in TIERS:
+            total[t] += int(got.get(t, 0))
+    return total
 
 
 # ---------------------------------------------------------------- requests
