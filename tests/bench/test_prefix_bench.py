@@ -72,6 +72,7 @@ def test_cli_prefix_measures_every_source_and_writes_table_and_plot(
             tokens = run["tokens"]
             assert set(tokens) == set(PHASES) and len(tokens["cold"]) == OUTPUT_TOKENS
             assert all(t == tokens["cold"] for t in tokens.values()) and run["outputs_identical"]
+            assert run["restored_outputs_identical"]
         assert r["outputs_identical"] and r["l2_choice"] in ("loaded", "partly loaded", "recomputed", "mixed")
         assert r["l2_load_policy"] == "measured"
         assert r["tier_stats_tiered"]["hit_tokens_l1"] == 2 * whole

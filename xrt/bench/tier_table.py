@@ -61,6 +61,15 @@ def _phase(r: Record, phase: str) -> str:
     return _spread(r, f"{phase}_ttft_ms") + ("" if phase == "cold" or frac is None else f" · {frac:.2f}×")
 
 
+def outputs_cell(r: Record) -> str:
+    """identical; or whether the phases over restored KV (gpu, l1, l2) at least agree with each other."""
+    if r["outputs_identical"]:
+        return "identical"
+    if r.get("restored_outputs_identical"):
+        return "gpu/l1/l2 identical, cold differs"
+    return "DIFFERENT (gpu/l1/l2 too)"
+
+
 def _counters(stats: Any) -> str:
     if not isinstance(stats, dict) or not stats:
         return "–"
@@ -96,7 +105,7 @@ def _prefix_table(key: GroupKey, rows: list[Record]) -> list[str]:
             f"| {r['label']} | {r['prefix_len']} | {r['kv_bytes'] / 1e6:.4g} | "
             + " | ".join(cells)
             + f" | {l2} | {_gbps(r.get('l2_load_gbps'))} | {_pct(r.get('l2_load_frac'))} | {r['page_cache']} "
-            f"| {'identical' if r['outputs_identical'] else 'DIFFERENT'} |"
+            f"| {outputs_cell(r)} |"
         )
     lines += [
         "",
