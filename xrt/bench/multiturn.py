@@ -140,6 +140,7 @@ def _run_setting(
     capacity = kv_pages(engine)
     longest = final_history(cfg)
     if capacity is not None and capacity[0] * capacity[1] < longest:
+        close_engine(engine)
         raise BenchError(
             f"cache.num_pages: the KV cache holds {capacity[0] * capacity[1]} tokens, a client's last "
             f"round needs {longest} (bench.rounds * (bench.turn_len + bench.output_len))"
@@ -155,6 +156,7 @@ def _run_setting(
     outputs: dict[tuple[int, int], list[int]] = {}
     done: list[Output] = []
     prompt_tokens = output_tokens = 0
+    round_s: list[float] = []
     before = stats_snapshot(engine)
     start = time.perf_counter()
     for r in range(b.rounds):
@@ -167,11 +169,12 @@ def _run_setting(
             prompt_tokens += len(p)
             output_tokens += len(o.token_ids)
         done += outs
+        round_s.append(time.perf_counter() - t0)
         cached = sum(int(getattr(o, "num_cached_tokens", 0)) for o in outs)
         log_line(
             progress,
             f"multiturn {tiers.value}: round {r + 1}/{b.rounds}: {len(outs)} requests in "
-            f"{time.perf_counter() - t0:.2f} s, {cached} of {sum(map(len, prompts))} prompt tokens "
+            f"{round_s[-1]:.2f} s, {cached} of {sum(map(len, prompts))} prompt tokens "
             f"cached",
         )
     wall = time.perf_counter() - start
@@ -194,6 +197,7 @@ def _run_setting(
         "tiers": tiers.value,
         "requests": requests,
         "wall_s": wall,
+        "round_s": round_s,
         "requests_per_s": requests / wall,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,

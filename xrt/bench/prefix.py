@@ -143,7 +143,7 @@ def run_prefix(
             "model": cfg.model.name,
             "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
             "chunk_tokens": cfg.cache.chunk_tokens,
-            "l2_load_policy": getattr(getattr(cfg.cache.l2, "load_policy", None), "value", None),
+            "l2_load_policy": cfg.cache.l2.load_policy.value,
             "page_size": cfg.cache.page_size,
             "output_tokens": OUTPUT_TOKENS,
             "warmup": cfg.bench.warmup,
