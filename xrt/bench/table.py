@@ -1,6 +1,6 @@
 """results.md from the result lines: one latency table per (model, input, output, dtype, device), a
-throughput table, and the kernels scenario's tables (xrt.bench.kernels.table). Later lines for the same
-row replace earlier ones."""
+throughput table, the KV-tier scenarios' tables (prefix, multiturn: xrt.bench.tier_table) and the kernels
+scenario's (xrt.bench.kernels.table). Later lines for the same row replace earlier ones."""
 
 from __future__ import annotations
 
@@ -146,8 +146,12 @@ def render_markdown(records: list[Record]) -> str:
     tput = throughput_rows(records)
     if tput:
         lines += _throughput_table(tput) + [""]
+    from xrt.bench.tier_table import render_tiers  # it builds on this module's labels and formats
+
+    tiers = render_tiers(records)
+    lines += tiers
     kernels = render_kernels(records)
     lines += kernels
-    if latency or tput or not kernels:
+    if latency or tput or not (kernels or tiers):
         lines += NOTES
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""`python -m xrt bench`: run the configured scenario (latency, throughput, kernels), write its lines to
-<bench.out_dir>/results.jsonl, and regenerate results.md and the plots there. In a multirun (`-m`) each job
+"""`python -m xrt bench`: run the configured scenario (latency, throughput, kernels, prefix, multiturn), write its
+lines to <bench.out_dir>/results.jsonl, and regenerate results.md and the plots there. In a multirun (`-m`) each job
 writes into its Hydra job directory and the sweep's table is built from them all (`xrt.bench.sweep_results`);
 `python -m xrt bench report DIR` rebuilds it from any finished sweep (or results) directory."""
 
@@ -37,7 +37,16 @@ def sweep_job(cfg: XrtConfig, job: SweepJob) -> tuple[int, float | None]:
     rc, records = run_job(cfg, label=f"job {job.num + 1}{total}", peers=PeerCache(job.sweep_dir / PEER_CACHE),
                           sweep={"job": job.num, "overrides": job.overrides})
     metric = cfg.bench.objective_metric()
-    return rc, objective_value(records, metric) if metric is not None and rc == 0 else None
+    return rc, objective_value(objective_records(cfg, records), metric) if metric is not None and rc == 0 else None
+
+
+def objective_records(cfg: XrtConfig, records: list[Record]) -> list[Record]:
+    """The lines the objective is taken from: multiturn's is the last bench.compare_tiers setting's (the others
+    are its baselines); every scenario else averages its lines (xrt.bench.sweep_results.objective_value)."""
+    if cfg.bench.scenario is BenchScenario.MULTITURN and cfg.bench.compare_tiers:
+        last = cfg.bench.compare_tiers[-1].value
+        return [r for r in records if r.get("tiers") == last]
+    return records
 
 
 def run_job(
@@ -73,6 +82,14 @@ def run_job(
             from xrt.bench.throughput import run_throughput
 
             records = run_throughput(cfg, progress)
+        elif cfg.bench.scenario is BenchScenario.PREFIX:
+            from xrt.bench.prefix import run_prefix
+
+            records = run_prefix(cfg, progress)
+        elif cfg.bench.scenario is BenchScenario.MULTITURN:
+            from xrt.bench.multiturn import run_multiturn
+
+            records = run_multiturn(cfg, progress)
         else:
             from xrt.bench.kernels.run import run_kernels
 
@@ -83,7 +100,8 @@ def run_job(
     if sweep is not None:
         metric = cfg.bench.objective_metric()
         if metric is not None:
-            sweep = {**sweep, "objective": metric.value, "value": objective_value(records, metric)}
+            sweep = {**sweep, "objective": metric.value,
+                     "value": objective_value(objective_records(cfg, records), metric)}
         records = [{**r, SWEEP_KEY: sweep} for r in records]
     results = write_records(out_dir, records, fresh=True)
     lines = [f"wrote {results}", *([] if sweep is not None else regenerate(out_dir))]

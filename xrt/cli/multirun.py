@@ -181,14 +181,13 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
 def _bench_problems(cfg: XrtConfig) -> list[Problem]:
     """What the bench would refuse once started (lengths past the model): found before any job runs. Its
     out_dir is not checked: a sweep's jobs write under hydra.sweep.dir."""
-    from xrt.bench.setup import BenchError, bench_config
+    from xrt.bench.preflight import scenario_problem
 
-    try:
-        bench_config(cfg)
-    except BenchError as e:
-        path, _, message = str(e).partition(": ")
-        return [(path, message)]
-    return []
+    problem = scenario_problem(cfg)
+    if problem is None:
+        return []
+    path, _, message = problem.partition(": ")
+    return [(path, message)]
 
 
 def _sweep_problems(command: str, p: Planned) -> list[Problem]:
@@ -213,7 +212,7 @@ def _sweep_problems(command: str, p: Planned) -> list[Problem]:
     metrics = {c.bench.objective_metric() for c in p.cfgs}
     if None in metrics:
         problems.append(("bench.objective", "the kernels scenario returns no objective for the sweeper; "
-                                            "use bench.scenario=latency or throughput"))
+                                            "use bench.scenario=latency, throughput, prefix or multiturn"))
     wanted = sorted({direction(m) for m in metrics if m is not None})
     if len(wanted) == 1 and plan.directions and plan.directions != wanted:
         names = ", ".join(sorted(m.value for m in metrics if m is not None))

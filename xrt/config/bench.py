@@ -19,20 +19,42 @@ class BenchScenario(enum.Enum):
     LATENCY = "latency"
     THROUGHPUT = "throughput"
     KERNELS = "kernels"
+    PREFIX = "prefix"  # TTFT by where a prompt's prefix comes from: recomputed, GPU pages, L1, L2 after a restart
+    MULTITURN = "multiturn"  # clients' conversations whose KV outgrows the GPU pages, per cache.tiers setting
 
 
 class BenchObjective(enum.Enum):
     """What a bench job returns to Hydra's sweeper (Optuna optimises it; every sweep reports its best job)."""
 
-    AUTO = "auto"  # latency: tpot_ms; throughput: tokens_per_s; kernels: none
+    AUTO = "auto"  # latency: tpot_ms; throughput: tokens_per_s; prefix: l2_ttft_ms; multiturn: requests_per_s;
+    # kernels: none
     TTFT_MS = "ttft_ms"  # latency, mean over bench.batch (one batch: TTFT at that batch); lower is better
     TPOT_MS = "tpot_ms"  # latency, as ttft_ms
     TOKENS_PER_S = "tokens_per_s"  # throughput, input and output tokens; higher is better
     OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # throughput, output tokens only
+    L2_TTFT_MS = "l2_ttft_ms"  # prefix: TTFT of a new engine whose prompt's prefix is in L2, mean over prefix_lens
+    L1_TTFT_MS = "l1_ttft_ms"  # prefix: TTFT with the prefix in L1 (GPU prefix cache evicted), as l2_ttft_ms
+    REQUESTS_PER_S = "requests_per_s"  # multiturn: requests of every round over the wall time, of the last
+    # setting in bench.compare_tiers; higher is better
 
 
 LATENCY_OBJECTIVES = frozenset({BenchObjective.TTFT_MS, BenchObjective.TPOT_MS})
-THROUGHPUT_OBJECTIVES = frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S})
+# The objectives a sweeper maximises (xrt.bench.sweep_results.direction); every other one it minimises.
+THROUGHPUT_OBJECTIVES = frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S,
+                                   BenchObjective.REQUESTS_PER_S})
+# What each scenario measures (bench.objective must be one of its own, or auto).
+SCENARIO_OBJECTIVES = {
+    BenchScenario.LATENCY: LATENCY_OBJECTIVES,
+    BenchScenario.THROUGHPUT: frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S}),
+    BenchScenario.PREFIX: frozenset({BenchObjective.L2_TTFT_MS, BenchObjective.L1_TTFT_MS}),
+    BenchScenario.MULTITURN: frozenset({BenchObjective.REQUESTS_PER_S}),
+}
+AUTO_OBJECTIVES = {
+    BenchScenario.LATENCY: BenchObjective.TPOT_MS,
+    BenchScenario.THROUGHPUT: BenchObjective.TOKENS_PER_S,
+    BenchScenario.PREFIX: BenchObjective.L2_TTFT_MS,
+    BenchScenario.MULTITURN: BenchObjective.REQUESTS_PER_S,
+}
 
 
 class KernelGroup(enum.Enum):
@@ -54,7 +76,9 @@ class ProfileMode(enum.Enum):
 class BenchArgs:
     scenario: BenchScenario = field(
         BenchScenario.LATENCY,
-        help="latency: TTFT/TPOT per batch; throughput: offline; kernels: each kernel against its reference (CUDA)",
+        help="latency: TTFT/TPOT per batch; throughput: offline; kernels: each kernel against its reference (CUDA); "
+        "prefix: TTFT by where the prefix comes from (recomputed, GPU, L1, L2 after a restart); multiturn: "
+        "clients' conversations past the GPU KV, per cache.tiers setting",
     )
     batch: list[int] = field(
         factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100],
@@ -83,26 +107,53 @@ class BenchArgs:
         factory=lambda: [1024], help="kernels scenario: cached tokens per sequence of the decode-attention cases",
         unit="tokens", validator=each(ge(1)),
     )
+    prefix_lens: list[int] = field(
+        factory=lambda: [8192, 32768], help="prefix scenario: prefix lengths measured (the prompt is one token more)",
+        unit="tokens", validator=each(ge(1)),
+    )
+    disk_probe_mb: int = field(
+        2048, help="prefix scenario: size of the file that measures the L2 directory's sequential read and write "
+        "bandwidth (0: no probe)", unit="MB", validator=ge(0),
+    )
+    clients: int = field(16, help="multiturn scenario: conversations running side by side", validator=ge(1))
+    rounds: int = field(4, help="multiturn scenario: turns per conversation", validator=ge(1))
+    turn_len: int = field(
+        1024, help="multiturn scenario: new tokens each client appends per round (bench.output_len are generated)",
+        unit="tokens", validator=ge(1),
+    )
+    compare_tiers: list[KVTiers] = field(
+        factory=lambda: [KVTiers.GPU, KVTiers.L1_L2],
+        help="multiturn scenario: the cache.tiers settings run, each on a fresh engine; ratios are against the first",
+    )
     out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written "
                          "(a sweep's go under hydra.sweep.dir, by default <out_dir>/<date>_<time>)")
     objective: BenchObjective = field(
         BenchObjective.AUTO,
         help="what a job returns to a sweeper (hydra/sweeper=optuna optimises it): ttft_ms, tpot_ms (latency: "
-        "mean over bench.batch), tokens_per_s, output_tokens_per_s (throughput); auto: tpot_ms or tokens_per_s",
+        "mean over bench.batch), tokens_per_s, output_tokens_per_s (throughput), l2_ttft_ms, l1_ttft_ms (prefix: "
+        "mean over bench.prefix_lens), requests_per_s (multiturn: the last of bench.compare_tiers); auto: "
+        "tpot_ms, tokens_per_s, l2_ttft_ms or requests_per_s",
     )
 
     def objective_metric(self) -> BenchObjective | None:
         """The objective this scenario measures (auto resolved); None for the kernels scenario."""
         if self.objective is not BenchObjective.AUTO:
             return self.objective
-        return {BenchScenario.LATENCY: BenchObjective.TPOT_MS,
-                BenchScenario.THROUGHPUT: BenchObjective.TOKENS_PER_S}.get(self.scenario)
+        return AUTO_OBJECTIVES.get(self.scenario)
 
     def check(self) -> Problems:
         problems: Problems = []
         if self.min_len > self.max_len:
             problems.append(("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}"))
-        measured = {BenchScenario.LATENCY: LATENCY_OBJECTIVES, BenchScenario.THROUGHPUT: THROUGHPUT_OBJECTIVES}
+        if not self.prefix_lens:
+            problems.append(("prefix_lens", "must list at least one prefix length, got []"))
+        if not self.compare_tiers:
+            problems.append(("compare_tiers", "must list at least one cache.tiers setting (gpu, l1, l1_l2), got []"))
+        elif len(set(self.compare_tiers)) < len(self.compare_tiers):
+            twice = sorted({t.value for t in self.compare_tiers if self.compare_tiers.count(t) > 1})
+            problems.append(("compare_tiers", f"lists {', '.join(twice)} more than once, got "
+                                              f"[{', '.join(t.value for t in self.compare_tiers)}]"))
+        measured = SCENARIO_OBJECTIVES
         if self.objective is not BenchObjective.AUTO and self.objective not in measured.get(self.scenario, ()):
             fits = sorted(o.value for o in measured.get(self.scenario, ()))
             which = f"one of {', '.join(fits)} or auto" if fits else "auto (the kernels scenario returns none)"
@@ -130,3 +181,8 @@ class ProfileArgs:
 
     def check(self) -> Problems:
         return [("batch", "must list at least one batch size, got []")] if not self.batch else []
+
+
+# KVTiers (bench.compare_tiers) lives in schema.py, which imports this module before defining it: bound here, once
+# every class above exists, so BenchArgs' annotations (resolved when a config is built) and its default find it.
+from xrt.config.schema import KVTiers  # noqa: E402
