@@ -135,11 +135,13 @@ def test_a_stalled_l2_never_blocks_generation(diverse_cfg: Callable[..., XrtConf
     tiers = tiers_of(llm)
     assert tiers.l2 is not None
     rng = random.Random(1)
-    batch = [[rng.randrange(3, 2000) for _ in range(10 * CHUNK + 1)] for _ in range(8)]  # 80 chunks
+    # 120 chunks: more than the writer's queue (half of L1's slots) and the batch it is stuck in hold
+    batch = [[rng.randrange(3, 2000) for _ in range(10 * CHUNK + 1)] for _ in range(12)]
+    assert tiers.writer is not None and tiers.writer.queue.maxsize + 8 < 120 <= tiers.l1.num_slots
     with tiers.l2._agents["WRITE"].lock:
         outs = llm.generate(batch, SAMPLING, use_tqdm=False)
         assert all(len(o.token_ids) == SAMPLING.max_tokens for o in outs)
         assert tiers.stats.dropped_l2 > 0
     tiers.flush()
     s = tiers.stats
-    assert s.stored_l1 == 80 and s.stored_l2 + s.dropped_l2 == 80 and s.stored_l2 > 0
+    assert s.stored_l1 == 120 and s.stored_l2 + s.dropped_l2 == 120 and s.stored_l2 > 0

@@ -20,7 +20,8 @@ from xrt.kvstore.stats import TierStats
 from xrt.log import get_logger
 
 log = get_logger(__name__)
-# chunks waiting for the writer; past this, new chunks are stored in L1 only
+# chunks waiting for the writer, at least; up to half of L1's slots (a queued chunk only holds its L1 slot, so
+# one long prompt's chunks, e.g. 128 of a 32k prompt, all fit); past this, new chunks are stored in L1 only
 QUEUE_CHUNKS = 64
 # chunks per NIXL write transfer
 BATCH = 8
@@ -32,7 +33,7 @@ Item = tuple[bytes, int, int | None]  # (key, L1 slot referenced for the writer,
 class L2Writer:
     def __init__(self, l2: L2Store, l1: L1Cache, stats: TierStats) -> None:
         self.l2, self.l1, self.stats = l2, l1, stats
-        self.queue: queue.Queue[Item | None] = queue.Queue(QUEUE_CHUNKS)
+        self.queue: queue.Queue[Item | None] = queue.Queue(max(QUEUE_CHUNKS, l1.num_slots // 2))
         self.off: str | None = None  # why the store was turned off
         self._errors_in_a_row = 0
         self._thread: threading.Thread | None = None
