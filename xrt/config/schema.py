@@ -369,8 +369,6 @@ class XrtConfig:
                     f"must divide model.num_key_value_heads={m.num_key_value_heads} or be a multiple of it, got {tp}",
                 )
             )
-        if self.cache.tiers is not KVTiers.GPU and tp > 1:
-            out.append(("cache.tiers", f"KV tiers with parallel.tp={tp} are not built yet (one rank's KV only)"))
         if self.scheduler.max_batched_tokens < self.cache.page_size:
             out.append(("scheduler.max_batched_tokens", f"must be >= cache.page_size={self.cache.page_size}"))
         return out

@@ -13,11 +13,13 @@ import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from xrt.config import XrtConfig
 from xrt.distributed.env import torchrun_env
 from xrt.distributed.errors import WorkerFailed
+from xrt.distributed.kv_peers import KVPeers
 from xrt.distributed.launch import Ranks
 from xrt.distributed.wire import Kind, encode_launch, encode_step
 from xrt.executor.graphs.capture import CaptureStrategy
@@ -55,6 +57,7 @@ class TPRunner:
         self.max_model_len = local.max_model_len
         self.vocab_size = local.vocab_size
         self.checkpoint_dir = local.checkpoint_dir
+        self.kv_cache = local.kv_cache  # rank 0's shard: its KV tiers copy from it (the others from theirs)
         self.decode_capacity = local.decode_capacity
         self.tp = groups.size
 
@@ -80,6 +83,24 @@ class TPRunner:
             return self._local.launch_decode(batch, after)
 
         return self._call(run)
+
+    def send_then(self, kind: Kind, payload: np.ndarray | None, then: Callable[[], T]) -> T:
+        """Send a message to the workers, then run `then` on rank 0 (whose collectives, if any, meet those
+        the workers run for the message); failures as for a step."""
+
+        def run() -> T:
+            self._channel.send(kind, payload)
+            return then()
+
+        return self._call(run)
+
+    def kv_peers(self) -> KVPeers:
+        """The other ranks' KV tier shards, for rank 0's tiered KV manager."""
+        return KVPeers(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._ranks.closed
 
     def close(self) -> None:
         """Stop the workers and release the process groups (also when collected, and at exit)."""

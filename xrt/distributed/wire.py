@@ -4,7 +4,8 @@
 STEP:   [is_prefill, n, start_pos * n, needs_logits * n, num_tokens * n, num_pages * n, tokens..., pages...]
 LAUNCH: [has_after, n, width, token_ids * n, sources * n, positions * n, page rows (n x width)...]
         (only the pages each row reads: the rows of the batch's page tables, `width` = the most pages a row
-        needs, so the KV cache manager's whole table never travels)."""
+        needs, so the KV cache manager's whole table never travels).
+KV_*:   kv_wire.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ class Kind(enum.IntEnum):
     STEP = 1  # Runner.execute(StepInput)
     LAUNCH = 2  # Runner.launch_decode(DecodeBatch, after)
     SHUTDOWN = 3  # the run is over: the workers leave their loop
+    # KV tiers (kv_wire.py): rank 0's tier operations, mirrored on each rank's own shard (xrt/kvstore/shard.py)
+    KV_STORE = 4  # gather these chunks' pages into L1 (and L2)
+    KV_LOOKUP = 5  # how many leading chunks are held: then one all_reduce(MIN)
+    KV_LOAD = 6  # load chunks into pages: then one all_reduce(MIN) of the leading chunks loaded
+    KV_FLUSH = 7  # finish the L2 writes queued: then one all_reduce (a barrier)
 
 
 def encode_step(step: StepInput) -> np.ndarray:

@@ -11,11 +11,12 @@ import signal
 import threading
 import traceback
 from multiprocessing.connection import wait
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from tqdm import tqdm
 
-from xrt.config import XrtConfig
+from xrt.config import KVTiers, XrtConfig
 from xrt.distributed.channel import StepChannel
 from xrt.distributed.env import torchrun_env
 from xrt.distributed.groups import (
@@ -28,20 +29,27 @@ from xrt.distributed.groups import (
     take_device,
     torchrun_groups,
 )
+from xrt.distributed.kv_wire import decode_kv_load, decode_kv_lookup, decode_kv_store
 from xrt.distributed.wire import Kind, decode_launch, decode_step
 from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.log import get_logger, set_rank
+from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import set_tp
+
+if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
+    from xrt.kvstore.shard import KVShard
 
 log = get_logger(__name__)
 
 
-def serve(runner: ModelRunner, channel: StepChannel) -> None:
+def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = None) -> None:
     """Run rank 0's steps in its order until SHUTDOWN. A launch with `after` reads the tokens of this rank's
     previous launch, which holds the same tokens as rank 0's (the logits are all-gathered: every rank takes
-    the same argmax)."""
+    the same argmax). With KV tiers, `shard` does the KV_* messages; a lookup, load or flush ends in the
+    collective rank 0 runs for it (xrt/distributed/kv_peers.py). On SHUTDOWN the shard's L2 writer finishes
+    first, so the next run finds this rank's chunks."""
     last: PendingTokens | None = None
     while True:
         kind, payload = channel.recv()
@@ -52,13 +60,33 @@ def serve(runner: ModelRunner, channel: StepChannel) -> None:
             batch, has_after = decode_launch(payload)
             last = runner.launch_decode(batch, last if has_after else None)
         elif kind is Kind.SHUTDOWN:
+            if shard is not None:
+                shard.close()
             return
+        elif kind is Kind.KEEPALIVE:
+            continue
+        elif shard is None:
+            raise RuntimeError(f"{kind.name} from rank 0, but this rank has no KV tiers (cache.tiers=gpu)")
+        elif kind is Kind.KV_STORE:
+            shard.store(decode_kv_store(payload))
+        elif kind is Kind.KV_LOOKUP:
+            min_over_ranks(shard.held(decode_kv_lookup(payload)))
+        elif kind is Kind.KV_LOAD:
+            min_over_ranks(shard.load(decode_kv_load(payload)))
+        elif kind is Kind.KV_FLUSH:
+            shard.flush()
+            min_over_ranks(0)
 
 
 def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) -> None:
     set_tp(groups.rank, groups.size, groups.model, groups.cpu)
     runner = ModelRunner(cfg, capture)
-    serve(runner, StepChannel(groups.channel))
+    shard = None
+    if cfg.cache.tiers is not KVTiers.GPU:
+        from xrt.kvstore.shard import KVShard
+
+        shard = KVShard(cfg, runner.kv_cache, runner.checkpoint_dir, groups.rank, groups.size)
+    serve(runner, StepChannel(groups.channel), shard)
 
 
 def spawned_main(cfg: XrtConfig, rank: int, port: int, capture: CaptureStrategy | None) -> None:

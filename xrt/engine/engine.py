@@ -39,6 +39,7 @@ from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
 
 if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
+    from xrt.kvstore.peers import TierPeers
     from xrt.kvstore.tiered import TieredKVCacheManager
 
 log = get_logger(__name__)
@@ -96,7 +97,7 @@ class LLMEngine:
         else:
             from xrt.kvstore.build import build_tiered
 
-            kv = self.tiers = build_tiered(cfg, runner.kv_cache, runner.checkpoint_dir)
+            kv = self.tiers = build_tiered(cfg, runner.kv_cache, runner.checkpoint_dir, _tier_peers(cfg, runner))
         self.scheduler = Scheduler(cfg.scheduler, kv, self.max_model_len)
         self._ids = itertools.count()
         # executor.overlap=false turns overlapping off, to measure what it buys.
@@ -252,6 +253,19 @@ class LLMEngine:
     @property
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
+
+
+def _tier_peers(cfg: XrtConfig, runner: Runner) -> TierPeers | None:
+    """With parallel.tp > 1 every rank holds its own shard of the KV tiers: rank 0's manager reaches the
+    others' through the tensor-parallel runner."""
+    if cfg.parallel.tp == 1:
+        return None
+    from xrt.distributed.driver import TPRunner
+
+    if not isinstance(runner, TPRunner):
+        raise ValueError(f"cache.tiers={cfg.cache.tiers.value} with parallel.tp={cfg.parallel.tp} needs the "
+                         f"tensor-parallel runner, got {type(runner).__name__}")
+    return runner.kv_peers()
 
 
 def _checkpoint_tokenizer(checkpoint_dir: str | None, chat: bool) -> Tokenizer | None:

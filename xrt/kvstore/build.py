@@ -15,6 +15,7 @@ from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.tiered import TieredKVCacheManager
 from xrt.models.checkpoint import cache_dir
 from xrt.units import GB
@@ -51,13 +52,14 @@ def build_l2(cfg: XrtConfig, namespace: KeyNamespace, l1: L1Cache) -> L2Store:
     return L2Store(cfg.cache.l2, l2_root(cfg), namespace.hex(), l1)
 
 
-def build_tiered(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None) -> TieredKVCacheManager:
-    """The KV manager for cache.tiers=l1 / l1_l2 over the runner's device KV cache (tensor parallel size 1:
-    XrtConfig.check refuses tiers with more ranks)."""
+def build_tiered(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None,
+                 peers: TierPeers | None = None) -> TieredKVCacheManager:
+    """The KV manager for cache.tiers=l1 / l1_l2 over the runner's device KV cache: rank 0's with parallel.tp
+    > 1 (its namespace is tp_rank 0's; `peers` reaches the other ranks' shards, shard.py)."""
     kv = kv_cache.layout
     layout = chunk_layout(cfg, kv)
     namespace = key_namespace(cfg, kv, checkpoint_dir, 0, cfg.parallel.tp)
     l1 = build_l1(cfg, layout)
     l2 = build_l2(cfg, namespace, l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
     return TieredKVCacheManager(kv_cache.num_pages, kv.page_size, kv_cache.tensor, layout, namespace, l1, l2,
-                                cfg.cache.l2.load_policy, cfg.cache.l2.load_batch_mb)
+                                cfg.cache.l2.load_policy, cfg.cache.l2.load_batch_mb, peers)

@@ -22,7 +22,13 @@ bandwidth measured so far: a load that turns out slow, or a batch past its deadl
 there (`abandoned_loads`) and the scheduler prefills the rest.
 
 Each admitted sequence's `cached_tokens` says how many prompt tokens each tier supplied (RequestOutput
-hands it back); `stats` counts it all (stats.py)."""
+hands it back); `stats` counts it all (stats.py).
+
+Tensor parallel (`peers`, peers.py; None at tp=1, where nothing below costs anything): every rank holds its
+own shard of each chunk. This manager, on rank 0, still decides everything, and mirrors each store, lookup
+and load to the other ranks (shard.py) in order with the steps. A lookup's tier chunks are cut to the leading
+run every rank holds, a load's to the leading run every rank loaded (one collective each), so the ranks
+never disagree on what is computed; only agreed chunks count as hits."""
 
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, chunk_keys
 from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
 from xrt.kvstore.stats import GPU, L1, L2, TierStats
 from xrt.kvstore.writer import L2Writer
@@ -64,9 +71,11 @@ class TieredHit(PrefixHit):
 class TieredKVCacheManager(KVCacheManager):
     def __init__(self, num_pages: int, page_size: int, kv: torch.Tensor, layout: ChunkLayout,
                  namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None,
-                 load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256) -> None:
+                 load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256,
+                 peers: TierPeers | None = None) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
+        self.peers = peers
         self.chunk_tokens = layout.chunk_tokens
         self.ppc = layout.pages_per_chunk
         self.copier = ChunkCopier(kv)
@@ -82,7 +91,8 @@ class TieredKVCacheManager(KVCacheManager):
             # the writer is a daemon (it must never keep a process alive); at exit, let it finish what is queued
             # so a run's chunks are in L2 for the next one. A weak reference: the hook keeps no manager alive.
             ref = weakref.ref(self)
-            atexit.register(lambda: (m := ref()) is not None and m.flush())
+            # Only this rank's writer: the other ranks flush their own when they shut down.
+            atexit.register(lambda: (m := ref()) is not None and m.flush_local())
         self.add_commit_listener(self._on_commit)
 
     # ------------------------------------------------------------------ store: GPU -> L1 -> L2
@@ -97,6 +107,10 @@ class TieredKVCacheManager(KVCacheManager):
         if last <= first:
             return
         keys = chunk_keys(event.seq.token_ids[: last * ct], self.namespace)
+        if self.peers is not None:
+            # every chunk, not only those this rank lacks: another rank may lack one this rank holds
+            self.peers.store([(keys[c], event.seq.page_table[c * self.ppc : (c + 1) * self.ppc])
+                              for c in range(first, last)])
         for c in range(first, last):
             key = keys[c]
             try:
@@ -128,7 +142,13 @@ class TieredKVCacheManager(KVCacheManager):
         self._gathers = left
 
     def flush(self) -> None:
-        """Wait until every chunk handed to the L2 writer is written (tests, shutdown)."""
+        """Wait until every chunk handed to the L2 writer is written (tests, shutdown), every rank's."""
+        self.flush_local()
+        if self.peers is not None:
+            self.peers.flush()
+
+    def flush_local(self) -> None:
+        """flush, this rank's writer only."""
         self._reap()
         self._fold_times()
         if self.writer is not None:
@@ -180,6 +200,8 @@ class TieredKVCacheManager(KVCacheManager):
             else:
                 break
         chunks = self._not_slower_than_recompute(chunks)
+        if chunks and self.peers is not None:
+            chunks = chunks[: self.peers.lookup([key for _, key, _ in chunks])]
         if not chunks:
             return hit
         end = (chunks[-1][0] + 1) * ct
@@ -201,18 +223,41 @@ class TieredKVCacheManager(KVCacheManager):
         super().allocate(seq, hit)
         gpu = hit.gpu_tokens if isinstance(hit, TieredHit) else hit.num_tokens
         loaded = {GPU: gpu, L1: 0, L2: 0}
-        end = self._load(seq, hit, loaded) if isinstance(hit, TieredHit) else hit.num_tokens
+        end = hit.num_tokens
+        if isinstance(hit, TieredHit):
+            tiers = self._load_everywhere(seq, hit)
+            end = gpu
+            for (c, _, _), tier in zip(hit.chunks, tiers, strict=False):
+                loaded[tier] += (c + 1) * self.chunk_tokens - max(end, c * self.chunk_tokens)
+                end = (c + 1) * self.chunk_tokens
         seq.num_cached_tokens = seq.num_computed_tokens = end
         seq.cached_tokens = loaded
         for tier, n in loaded.items():
             self.stats.hit_tokens[tier] += n
         self.stats.computed_tokens += len(seq.token_ids) - end
 
-    def _load(self, seq: KVSeq, hit: TieredHit, loaded: dict[str, int]) -> int:
-        """Fill the tier chunks' fresh pages, counting the tokens per tier in `loaded`; returns the end
-        (tokens) of the prefix now in the pages."""
-        ct, gpu_pages = self.chunk_tokens, len(hit.pages)
-        end = hit.gpu_tokens
+    def _load_everywhere(self, seq: KVSeq, hit: TieredHit) -> list[str]:
+        """The tier of each leading chunk of the hit that is now in the pages: this rank's load, cut to what
+        every rank loaded."""
+        if self.peers is None:
+            return self._load(seq, hit)
+        ppc, gpu_pages = self.ppc, len(hit.pages)
+        mine: list[str] = []
+
+        def local() -> int:
+            mine.extend(self._load(seq, hit))
+            return len(mine)
+
+        agreed = self.peers.load([(key, seq.page_table[c * ppc : (c + 1) * ppc], max(0, gpu_pages - c * ppc))
+                                  for c, key, _ in hit.chunks], local)
+        if agreed < len(mine):
+            self.stats.failed_loads += 1  # another rank could not load a chunk this one did
+        return mine[:agreed]
+
+    def _load(self, seq: KVSeq, hit: TieredHit) -> list[str]:
+        """Fill the tier chunks' fresh pages; returns the tier of each leading chunk now in the pages."""
+        gpu_pages = len(hit.pages)
+        tiers: list[str] = []
         # L2 chunks first, in batches, into L1 slots; L1 chunks are read from their slots.
         l2_chunks = [(c, k) for c, k, tier in hit.chunks if tier == L2]
         slots: dict[int, int] = {}
@@ -238,11 +283,10 @@ class TieredKVCacheManager(KVCacheManager):
                     torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
             finally:
                 self.l1.release(slot)
-            loaded[tier] += (c + 1) * ct - max(end, c * ct)
-            end = (c + 1) * ct
+            tiers.append(tier)
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
-        return end
+        return tiers
 
     def _read_l2(self, chunks: Sequence[tuple[int, bytes]]) -> tuple[dict[int, int], bool]:
         """{chunk: L1 slot, referenced} for a leading run of the chunks now in L1: read from L2 in batches of

@@ -1,0 +1,176 @@
+"""KV tiers under tensor parallelism (xrt/kvstore/shard.py, xrt/distributed/kv_peers.py): tp=2 over gloo on CPU
+with cache=l1_l2, greedy tokens equal to tp=1 with the GPU cache only, while prefixes come from every rank's
+own L1, then (a new run on the same directory) from every rank's own L2 namespace directory; when one rank
+lost its L2 files the ranks agree on the shorter hit (none), recompute, and that rank stores them again.
+`load_policy=always`: the hit counts asserted must not depend on this machine's timing."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tp_helpers import tiny_config, tp_workers
+
+from xrt import load_config
+from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, L2LoadPolicy, ParallelArgs, SamplingArgs, XrtConfig
+from xrt.distributed.driver import TPRunner
+from xrt.distributed.kv_wire import (
+    decode_kv_load,
+    decode_kv_lookup,
+    decode_kv_store,
+    encode_kv_load,
+    encode_kv_lookup,
+    encode_kv_store,
+)
+from xrt.engine.llm import LLM
+from xrt.executor.runner import ModelRunner
+from xrt.kvstore.build import key_namespace
+from xrt.kvstore.l2 import l2_dir
+from xrt.kvstore.stats import GPU, L1, L2
+from xrt.kvstore.tiered import TieredKVCacheManager
+
+CHUNK = 16
+SAMPLING = SamplingArgs(max_tokens=6, ignore_eos=True)
+
+
+def prompts() -> list[list[int]]:
+    """Four prompts: two long shared prefixes (5 and 3 chunks), distinct tails of uneven length."""
+    rng = random.Random(0)
+    shared = [[rng.randrange(3, 2000) for _ in range(n)] for n in (5 * CHUNK + 3, 3 * CHUNK)]
+    return [shared[i % 2] + [rng.randrange(3, 2000) for _ in range(5 + 7 * i)] for i in range(4)]
+
+
+def config(checkpoint: str, tp: int, tiers: KVTiers, path: Path) -> XrtConfig:
+    return tiny_config(checkpoint, parallel=ParallelArgs(tp=tp, timeout_s=60),
+                       cache=CacheArgs(page_size=4, num_pages=256, chunk_tokens=CHUNK, tiers=tiers,
+                                       l1=L1Args(size_gb=0.002),
+                                       l2=L2Args(path=str(path), load_policy=L2LoadPolicy.ALWAYS)))
+
+
+def one_by_one(llm: LLM, evict: bool = False) -> list[list[int]]:
+    out = []
+    for p in prompts():
+        if evict:
+            tiers_of(llm).evict()  # forget the GPU prefix cache: shared prefixes must come from a tier
+        out.append(llm.generate([p], SAMPLING, use_tqdm=False)[0].token_ids)
+    return out
+
+
+def tiers_of(llm: LLM) -> TieredKVCacheManager:
+    assert llm.engine.tiers is not None
+    return llm.engine.tiers
+
+
+class Run:
+    """A tp=2 run on the L2 directory, closed on leaving (one tensor-parallel run per process at a time)."""
+
+    def __init__(self, checkpoint: str, path: Path) -> None:
+        self.cfg = config(checkpoint, 2, KVTiers.L1_L2, path)
+        self.runner = TPRunner(self.cfg)
+        self.llm = LLM(self.cfg, runner=self.runner)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.close()
+        assert not tp_workers()
+
+
+@pytest.fixture(scope="module")
+def want(tiny_checkpoint_diverse: str, tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    llm = LLM(config(tiny_checkpoint_diverse, 1, KVTiers.GPU, tmp_path_factory.mktemp("unused")))
+    return one_by_one(llm)
+
+
+def rank_dirs(run: Run, path: Path) -> list[Path]:
+    """Each rank's L2 namespace directory (rank 1's derived as its worker does, from its own KV shard)."""
+    local = run.runner.local
+    return [l2_dir(path, key_namespace(run.cfg, local.kv_layout, local.checkpoint_dir, r, 2).hex()) for r in (0, 1)]
+
+
+def test_prefixes_from_every_ranks_l1_then_l2(tiny_checkpoint_diverse: str, tmp_path: Path,
+                                             want: list[list[int]]) -> None:
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm, evict=True) == want
+        stats = tiers_of(run.llm).stats
+        # prompts 2 and 3 find their shared prefix's whole chunks (5 and 3) in both ranks' L1
+        assert stats.hit_tokens == {GPU: 0, L1: 8 * CHUNK, L2: 0} and stats.failed_loads == 0
+        tiers_of(run.llm).flush()  # every rank's L2 writer
+        dirs = rank_dirs(run, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.name for d in dirs)  # one directory per rank
+    counts = [len(list(d.glob("*.kv"))) for d in dirs]
+    assert counts[0] == counts[1] == stats.stored_l1 > 0
+    names = [{f.name.split("-")[0] for f in d.glob("*.kv")} for d in dirs]
+    assert not names[0] & names[1]  # the ranks' keys differ
+
+    # a new run on the same directory: empty GPU caches and L1s, the prefixes come from both ranks' L2
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm) == want
+        stats = tiers_of(run.llm).stats
+        assert stats.hit_tokens[L2] >= 8 * CHUNK and stats.failed_loads == 0
+
+
+@pytest.mark.parametrize("lost", ["files", "directory"])
+def test_a_rank_without_its_l2_files_shortens_the_agreed_hit(tiny_checkpoint_diverse: str, tmp_path: Path,
+                                                             want: list[list[int]], lost: str) -> None:
+    """files: rank 1's index still lists them, so the lookups agree on the whole hit and the loads on none;
+    directory: its index is gone too, so the lookups agree on none."""
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm) == want
+        dirs = rank_dirs(run, tmp_path)
+    if lost == "files":
+        for f in dirs[1].glob("*.kv"):
+            f.unlink()
+    else:
+        shutil.rmtree(dirs[1])
+    assert list(dirs[0].glob("*.kv"))
+
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm) == want
+        stats = tiers_of(run.llm).stats
+        # rank 0 holds its chunks, rank 1 none: the agreed prefix is empty, rank 0's chunks are no hits
+        assert stats.hit_tokens[L1] == stats.hit_tokens[L2] == 0
+        assert stats.computed_tokens == sum(len(p) for p in prompts()) - stats.hit_tokens[GPU]
+        assert (stats.failed_loads > 0) == (lost == "files")
+        tiers_of(run.llm).flush()
+    # rank 1 stored its chunks again; with its index left, all but the one the second prompt's decode filled:
+    # no prompt reaches that one, so the index still lists its deleted file (a miss whenever one does)
+    lacking = 1 if lost == "files" else 0
+    assert len(list(dirs[1].glob("*.kv"))) == len(list(dirs[0].glob("*.kv"))) - lacking
+
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm) == want
+        assert tiers_of(run.llm).stats.hit_tokens[L2] >= 8 * CHUNK
+
+
+def test_config_accepts_tiers_with_tensor_parallelism() -> None:
+    cfg = load_config(["parallel.tp=2", "cache=l1_l2"])
+    assert cfg.parallel.tp == 2 and cfg.cache.tiers is KVTiers.L1_L2
+    assert not [p for p in cfg.check() if "tiers" in p[0] + p[1]]
+
+
+def test_kv_messages_round_trip() -> None:
+    rng = np.random.default_rng(0)
+    keys = [rng.bytes(32) for _ in range(3)]
+    store = [(k, [3 * i, 3 * i + 1, 3 * i + 2]) for i, k in enumerate(keys)]
+    assert decode_kv_store(encode_kv_store(store)) == store
+    assert decode_kv_lookup(encode_kv_lookup(keys)) == keys
+    load = [(k, pages, i) for i, (k, pages) in enumerate(store)]
+    assert decode_kv_load(encode_kv_load(load)) == load
+    assert decode_kv_store(encode_kv_store([])) == [] and decode_kv_lookup(encode_kv_lookup([])) == []
+
+
+def test_one_rank_has_no_peers(tiny_checkpoint_diverse: str, tmp_path: Path) -> None:
+    cfg = config(tiny_checkpoint_diverse, 1, KVTiers.L1, tmp_path)
+    assert tiers_of(LLM(cfg, runner=ModelRunner(cfg))).peers is None
+
+
+@pytest.fixture(autouse=True)
+def no_workers_left() -> Iterator[None]:
+    yield
+    assert not tp_workers()

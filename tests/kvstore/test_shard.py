@@ -1,0 +1,68 @@
+"""A worker rank's tiers (xrt/kvstore/shard.py) on their own, on CPU: stored pages come back into other pages
+from L1, then (a new shard on the same directory) from L2; a load stops at the first chunk it cannot supply;
+its keys and directory are its own rank's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from xrt import load_config
+from xrt.config import XrtConfig
+from xrt.kvcache.device import DeviceKVCache, KVLayout
+from xrt.kvstore.shard import KVShard, rank_key
+
+KV = KVLayout(num_layers=2, page_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32)
+PPC = 2  # chunk_tokens=8: two pages a chunk
+
+
+def config(path: Path) -> XrtConfig:
+    return load_config(["cache=l1_l2", "cache.chunk_tokens=8", "cache.page_size=4", "cache.l1.size_gb=0.0001",
+                        f"cache.l2.path={path}", "cache.l2.load_policy=always"])
+
+
+def shard(path: Path, rank: int = 1) -> KVShard:
+    cache = DeviceKVCache([], KV, 32, torch.device("cpu"))
+    cache.tensor.copy_(torch.randn(cache.tensor.shape, generator=torch.Generator().manual_seed(rank)))
+    return KVShard(config(path), cache, None, rank, 2)
+
+
+def pages_of(s: KVShard, pages: list[int]) -> torch.Tensor:
+    return s.copier.kv[:, pages].clone()
+
+
+def test_stored_chunks_come_back_from_l1_then_l2(tmp_path: Path) -> None:
+    s = shard(tmp_path)
+    keys = [bytes([i + 1]) * 32 for i in range(3)]
+    src = [[0, 1], [2, 3], [4, 5]]
+    want = [pages_of(s, p) for p in src]
+    s.store(list(zip(keys, src, strict=True)))
+    assert s.held(keys) == 3 and s.held([keys[0], bytes(32), keys[2]]) == 1
+    dst = [[10, 11], [12, 13], [14, 15]]
+    # the middle chunk is unknown: the load stops before it, the third chunk is not scattered
+    assert s.load([(keys[0], dst[0], 0), (bytes(32), dst[1], 0), (keys[2], dst[2], 0)]) == 1
+    torch.testing.assert_close(pages_of(s, dst[0]), want[0])
+    assert not torch.equal(pages_of(s, dst[2]), want[2])
+    s.flush()
+    assert len(list(s.l2.dir.glob("*.kv"))) == 3
+    s.close()
+
+    again = shard(tmp_path)  # an empty L1: the chunks come from this rank's L2 directory
+    assert again.held(keys) == 3 and again.l1.contains(again._key(keys[0])) is False
+    skip = 1  # the first page is the GPU hit's: left as it is
+    before = pages_of(again, [20])
+    assert again.load([(k, [20 + 2 * i, 21 + 2 * i], skip if i == 0 else 0) for i, k in enumerate(keys)]) == 3
+    torch.testing.assert_close(pages_of(again, [20]), before)
+    torch.testing.assert_close(pages_of(again, [21]), want[0][:, 1:])
+    torch.testing.assert_close(pages_of(again, [22, 23, 24, 25]), torch.cat(want[1:], dim=1))
+    again.close()
+
+
+def test_each_rank_has_its_own_keys_and_directory(tmp_path: Path) -> None:
+    one, two = shard(tmp_path, 1), shard(tmp_path, 0)
+    key = bytes(range(32))
+    assert rank_key(one.digest, key) != rank_key(two.digest, key) != key
+    assert one.l2.dir != two.l2.dir and one.l2.dir.parent == two.l2.dir.parent == tmp_path
+    one.close()
+    two.close()

@@ -1,0 +1,201 @@
+"""A worker rank's KV tiers (parallel.tp > 1): its own L1, its own L2 namespace directory, a copier over its own
+runner's KV tensor and an L2 writer, all from the same config as rank 0's. Rank 0 decides everything (lookup,
+policy, counting); this rank does what rank 0's messages say (`xrt.distributed.worker.serve`) and reports how
+many leading chunks it holds or loaded, which the ranks agree on with one collective (peers.py).
+
+Keys: rank 0 sends its own chunk keys; this rank's key is sha256(its namespace digest, rank 0's key). Rank 0's
+key names the whole prefix (keys.py), the digest this rank's shard of it (tp_rank, tp_size), so the files of
+two ranks never share a name nor a directory (the directory is named by the namespace too), and a restart
+derives the same keys.
+
+CUDA ordering: rank 0 pins a chunk's pages until its gather is done; a worker has no page manager to pin them,
+and rank 0 may hand them to another sequence whose next step overwrites them. So the compute stream waits for
+each gather (and each scatter, whose pages the next step reads) before it runs anything else. A slot being
+scattered stays referenced until its copy is done, so no later store or L2 read reuses it while the copy still
+reads it. On CPU every copy is done when it returns."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from xrt.config import KVTiers, XrtConfig
+from xrt.kvcache.device import DeviceKVCache
+from xrt.kvstore.build import build_l1, build_l2, chunk_layout, key_namespace
+from xrt.kvstore.copy import ChunkCopier
+from xrt.kvstore.l1 import L1Full
+from xrt.kvstore.peers import LoadChunk, StoreChunk
+from xrt.kvstore.stats import L1, L2, TierStats
+from xrt.kvstore.writer import L2Writer
+from xrt.units import MB
+
+Event = torch.cuda.Event | None
+
+
+def rank_key(digest: bytes, key: bytes) -> bytes:
+    """This rank's key for the chunk rank 0 keys `key` (digest: this rank's namespace digest)."""
+    return hashlib.sha256(digest + key).digest()
+
+
+def _finished(done: Event, wait: bool) -> bool:
+    if done is None:
+        return True
+    if wait:
+        done.synchronize()
+        return True
+    return done.query()
+
+
+class KVShard:
+    def __init__(self, cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None, tp_rank: int,
+                 tp_size: int) -> None:
+        kv = kv_cache.layout
+        self.layout = chunk_layout(cfg, kv)
+        namespace = key_namespace(cfg, kv, checkpoint_dir, tp_rank, tp_size)
+        self.digest = namespace.digest()
+        self.l1 = build_l1(cfg, self.layout)
+        self.l2 = build_l2(cfg, namespace, self.l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
+        self.copier = ChunkCopier(kv_cache.tensor)
+        self.stats = TierStats()  # this rank's writer counts here; rank 0's stats are the run's
+        self.writer = L2Writer(self.l2, self.l1, self.stats) if self.l2 is not None else None
+        self.load_batch = max(1, cfg.cache.l2.load_batch_mb * MB // self.layout.nbytes)
+        self._gathers: list[tuple[Event, int, bytes]] = []  # (done, slot, key): published once done
+        self._scatters: list[tuple[Event, int, int | None, bool]] = []  # (done, slot, crc, fresh from L2)
+
+    def _key(self, key: bytes) -> bytes:
+        return rank_key(self.digest, key)
+
+    def _order(self, done: Event) -> None:
+        if done is not None:
+            torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
+
+    # ------------------------------------------------------------------ store
+
+    def store(self, chunks: Sequence[StoreChunk]) -> None:
+        if self.writer is not None:
+            self.writer.ensure_running()
+        self._reap()
+        for key0, pages in chunks:
+            key = self._key(key0)
+            try:
+                slot = self.l1.reserve(key)
+            except L1Full:
+                break  # every slot is busy: these chunks stay GPU-only on this rank
+            if slot is None:
+                continue  # held already
+            done = self.copier.gather(pages, self.l1.slot_view(slot))
+            self._order(done)  # see the module docstring: the next step may overwrite these pages
+            self._gathers.append((done, slot, key))
+        self._reap()
+
+    def _reap(self, wait: bool = False) -> None:
+        """Publish the gathers that are done (and hand them to the L2 writer); release the slots whose scatter
+        is done. wait: wait for every copy first."""
+        left = []
+        for done, slot, key in self._gathers:
+            if not _finished(done, wait):
+                left.append((done, slot, key))
+                continue
+            self.l1.publish(slot)
+            if self.writer is not None:
+                got = self.l1.acquire(key)  # referenced until written
+                if got is not None and not self.writer.offer((key, got[0], got[1])):
+                    self.l1.release(got[0])
+                    self.stats.dropped_l2 += 1
+        self._gathers = left
+        scatters = []
+        for item in self._scatters:
+            done, slot, crc, fresh = item
+            if not _finished(done, wait):
+                scatters.append(item)
+            elif fresh:
+                self.l1.publish(slot, crc)
+            else:
+                self.l1.release(slot)
+        self._scatters = scatters
+        self.copier.finished_scatters()  # its timings are rank 0's to measure: drained, so they never pile up
+
+    # ------------------------------------------------------------------ lookup and load
+
+    def held(self, keys: Sequence[bytes]) -> int:
+        """How many leading chunks this rank holds in L1 or L2."""
+        self._reap()
+        n = 0
+        for key0 in keys:
+            key = self._key(key0)
+            if not (self.l1.contains(key) or (self.l2 is not None and self.l2.contains(key))):
+                break
+            n += 1
+        return n
+
+    def load(self, chunks: Sequence[LoadChunk]) -> int:
+        """Each chunk from L1, else L2 (read into an L1 slot and verified), scattered into its pages after the
+        skipped ones; stops at the first chunk this rank cannot load. Returns how many leading chunks it
+        loaded (the pages of the chunks after those are recomputed, or overwritten when rank 0 loaded fewer)."""
+        self._reap()
+        plan: list[tuple[int, bool]] = []  # (slot, fresh: reserved for an L2 read) of the leading chunks
+        for key0, _, _ in chunks:
+            key = self._key(key0)
+            got = self.l1.acquire(key)
+            if got is not None:
+                plan.append((got[0], False))
+                continue
+            if self.l2 is None:
+                break
+            try:
+                slot = self.l1.reserve(key)
+            except L1Full:
+                slot = None
+            if slot is None:
+                break  # no room in L1, or being gathered right now
+            plan.append((slot, True))
+        crcs = self._read_l2([(i, self._key(chunks[i][0]), slot) for i, (slot, fresh) in enumerate(plan) if fresh])
+        loaded, complete = 0, True
+        for i, (slot, fresh) in enumerate(plan):
+            crc = crcs.get(i)
+            if fresh and crc is None:
+                complete = False
+                self.l1.abort(slot)
+                continue
+            done = None
+            if complete:
+                _, pages, skip = chunks[i]
+                done = self.copier.scatter(self.l1.slot_view(slot)[:, skip:], list(pages)[skip:], L2 if fresh else L1)
+                self._order(done)
+                loaded += 1
+            self._scatters.append((done, slot, crc, fresh))  # released (or published) once the copy is done
+        self._reap()
+        return loaded
+
+    def _read_l2(self, items: list[tuple[int, bytes, int]]) -> dict[int, int]:
+        """{chunk: crc32} of the leading run of (chunk, key, reserved slot) read from L2 and verified, in
+        batches of load_batch chunks; no policy here: rank 0 weighed the load already."""
+        assert self.l2 is not None or not items
+        out: dict[int, int] = {}
+        for b in range(0, len(items), self.load_batch):
+            batch = items[b : b + self.load_batch]
+            result = self.l2.load([(key, slot) for _, key, slot in batch])  # type: ignore[union-attr]
+            for (i, _, _), crc in zip(batch, result.crcs, strict=True):
+                if crc is not None:
+                    out[i] = crc
+            if any(crc is None for crc in result.crcs):
+                break
+        return out
+
+    # ------------------------------------------------------------------ shutdown
+
+    def flush(self) -> None:
+        """Every copy done and every chunk handed to the L2 writer written."""
+        self._reap(wait=True)
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.l2 is not None:
+            self.l2.close()
