@@ -24,10 +24,12 @@ def prompts(seed: int) -> list[list[int]]:
     return [shared[i % 2] + [rng.randrange(3, 2000) for _ in range(5 + 7 * i)] for i in range(4)]
 
 
-def cache(tiers: KVTiers, path: Path, policy: L2LoadPolicy = L2LoadPolicy.ALWAYS) -> CacheArgs:
-    """Loads exactly what the tiers hold (`always`): the measured policy would turn on this machine's timing."""
+def cache(tiers: KVTiers, path: Path, policy: L2LoadPolicy = L2LoadPolicy.ALWAYS,
+          prefetch: bool = False) -> CacheArgs:
+    """Loads exactly what the tiers hold (`always`): the measured policy would turn on this machine's timing.
+    No prefetch unless asked: these tests follow the loads at admission (test_prefetch_engine.py: with it)."""
     return CacheArgs(page_size=4, num_pages=256, chunk_tokens=CHUNK, tiers=tiers, l1=L1Args(size_gb=0.002),
-                     l2=L2Args(path=str(path), load_policy=policy))
+                     l2=L2Args(path=str(path), load_policy=policy, prefetch=prefetch))
 
 
 def outputs(llm: LLM, batch: list[list[int]]) -> list[list[int]]:

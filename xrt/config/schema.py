@@ -274,6 +274,8 @@ class L2Args:
     )
     load_batch_mb: int = field(256, help="bytes of chunks per L2 read transfer: after each, a slow load can stop",
                                unit="MB", validator=[ge(1), le(2**20)])
+    prefetch: bool = field(True, help="read a queued request's L2 prefix into L1 in the background before it is "
+                           "admitted (overlapping other requests' compute); tensor parallel size 1 only")
 
 
 @attrs.define

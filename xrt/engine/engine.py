@@ -165,6 +165,8 @@ class LLMEngine:
             detokenizer=self.tokenizer.detokenizer(len(ids)) if self.tokenizer else None,
         )
         self.scheduler.add(seq)
+        if self.tiers is not None:
+            self.tiers.prefetch(ids)  # its L2 prefix into L1 while it waits for admission
         return request_id
 
     def has_unfinished(self) -> bool:

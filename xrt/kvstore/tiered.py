@@ -33,6 +33,7 @@ never disagree on what is computed; only agreed chunks count as hits."""
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
+from xrt.kvstore.prefetch import Prefetcher
 from xrt.kvstore.stats import GPU, L1, L2, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.log import get_logger
@@ -72,7 +74,7 @@ class TieredKVCacheManager(KVCacheManager):
     def __init__(self, num_pages: int, page_size: int, kv: torch.Tensor, layout: ChunkLayout,
                  namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None,
                  load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256,
-                 peers: TierPeers | None = None) -> None:
+                 peers: TierPeers | None = None, prefetch: bool = True) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
         self.peers = peers
@@ -85,9 +87,13 @@ class TieredKVCacheManager(KVCacheManager):
         self.load_batch = max(1, load_batch_mb * MB // layout.nbytes)  # chunks per L2 read
         self.prefill_clock = PrefillClock(kv.device)
         self._gathers: list[tuple[torch.cuda.Event | None, list[int], int, bytes]] = []  # (done, pages, slot, key)
+        self._scatters: list[tuple[torch.cuda.Event, int]] = []  # (done, L1 slot the copy still reads)
         self.writer: L2Writer | None = None
+        self.prefetcher: Prefetcher | None = None
         if l2 is not None:
             self.writer = L2Writer(l2, l1, self.stats)
+            if prefetch and peers is None:  # with TP the ranks would have to prefetch in step: not built
+                self.prefetcher = Prefetcher(l1, l2, self.stats, self.load_batch)
             # the writer is a daemon (it must never keep a process alive); at exit, let it finish what is queued
             # so a run's chunks are in L2 for the next one. A weak reference: the hook keeps no manager alive.
             ref = weakref.ref(self)
@@ -125,7 +131,15 @@ class TieredKVCacheManager(KVCacheManager):
         self._reap()
 
     def _reap(self) -> None:
-        """Publish the gathers whose copy is done, unpin their pages and hand them to the L2 writer."""
+        """Publish the gathers whose copy is done, unpin their pages and hand them to the L2 writer; release
+        the L1 slots of scatters that are done reading them."""
+        scattering = []
+        for done, slot in self._scatters:
+            if done.query():
+                self.l1.release(slot)
+            else:
+                scattering.append((done, slot))
+        self._scatters = scattering
         left = []
         for done, pages, slot, key in self._gathers:
             if done is not None and not done.query():
@@ -148,7 +162,11 @@ class TieredKVCacheManager(KVCacheManager):
             self.peers.flush()
 
     def flush_local(self) -> None:
-        """flush, this rank's writer only."""
+        """flush, this rank's writer only (and its prefetches and copies up, so every L1 slot is free)."""
+        if self.prefetcher is not None:
+            self.prefetcher.flush()
+        for done, _ in self._scatters:
+            done.synchronize()
         self._reap()
         self._fold_times()
         if self.writer is not None:
@@ -156,6 +174,9 @@ class TieredKVCacheManager(KVCacheManager):
 
     def close(self) -> None:
         self.flush()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -180,6 +201,39 @@ class TieredKVCacheManager(KVCacheManager):
                 self.stats.loaded_bytes[L1] += nbytes
                 self.stats.load_s[L1] += seconds
 
+    def prefetch(self, token_ids: list[int]) -> None:
+        """A request was queued: start reading its L2-only prefix chunks into L1 (prefetch.py), so its
+        admission finds them there. Only chunks contiguous with what the GPU and L1 hold are worth it."""
+        if self.prefetcher is None:
+            return
+        ct = self.chunk_tokens
+        loadable = (len(token_ids) - 1) // ct
+        c0 = super().lookup(token_ids).num_tokens // ct
+        if loadable <= c0:
+            return
+        assert self.l2 is not None
+        keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
+        todo = []
+        for c in range(c0, loadable):
+            if self.l1.contains(keys[c]) or self.l1.writing(keys[c]):
+                continue
+            if not self.l2.contains(keys[c]):
+                break
+            todo.append(keys[c])
+        self.prefetcher.submit(todo)
+
+    def _wait_written(self, key: bytes, chunks_left: int) -> tuple[int, int | None] | None:
+        """The chunk being written into L1 (prefetch, gather), acquired once written; None when that takes
+        longer than recomputing the chunks from here on would (or it failed)."""
+        if not self.l1.writing(key):
+            return self.l1.acquire(key)
+        n = chunks_left
+        limit = self.policy.deadline_s(n * self.chunk_tokens, n * self.layout.nbytes) if self.measured else 600.0
+        start = time.perf_counter()
+        got = self.l1.acquire_when_written(key, limit)
+        self.stats.prefetch_wait_s += time.perf_counter() - start
+        return got
+
     def lookup(self, token_ids: list[int]) -> PrefixHit:
         self._reap()
         self._fold_times()
@@ -193,7 +247,7 @@ class TieredKVCacheManager(KVCacheManager):
         keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
         chunks: list[tuple[int, bytes, str]] = []
         for c in range(c0, loadable):
-            if self.l1.contains(keys[c]):
+            if self.l1.contains(keys[c]) or self.l1.writing(keys[c]):  # writing: a prefetch or gather in flight
                 chunks.append((c, keys[c], L1))
             elif self.l2 is not None and self.l2.contains(keys[c]):
                 chunks.append((c, keys[c], L2))
@@ -264,9 +318,11 @@ class TieredKVCacheManager(KVCacheManager):
         cut = False  # the L2 part was cut short by the policy or a full L1: not a failure
         if l2_chunks:
             slots, cut = self._read_l2(l2_chunks)
-        for c, key, tier in hit.chunks:
+        for i, (c, key, tier) in enumerate(hit.chunks):
             if tier == L1:
                 got = self.l1.acquire(key)
+                if got is None:  # a prefetch (or a gather) still writing it: wait, but never past recomputing
+                    got = self._wait_written(key, len(hit.chunks) - i)
                 slot = got[0] if got is not None else None
             else:
                 slot = slots.pop(c, None)
@@ -274,6 +330,7 @@ class TieredKVCacheManager(KVCacheManager):
                 if tier == L1 or not cut:
                     self.stats.failed_loads += 1
                 break
+            done = None
             try:
                 pages = seq.page_table[c * self.ppc : (c + 1) * self.ppc]
                 skip = max(0, gpu_pages - c * self.ppc)  # pages of this chunk the GPU hit shares already
@@ -282,7 +339,12 @@ class TieredKVCacheManager(KVCacheManager):
                     # the next forward pass (on the compute stream) reads these pages
                     torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
             finally:
-                self.l1.release(slot)
+                if done is None:
+                    self.l1.release(slot)
+                else:  # the copy up still reads the slot: an L2 read must not reuse it before it is done
+                    self._scatters.append((done, slot))
+            if tier == L1 and self.prefetcher is not None and self.prefetcher.take_loaded(key):
+                tier = L2  # a prefetch brought it up from L2 ahead of admission
             tiers.append(tier)
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
@@ -306,11 +368,18 @@ class TieredKVCacheManager(KVCacheManager):
                     out[c] = got[0]
                     i += 1
                     continue
+                full = False
                 try:
                     slot = self.l1.reserve(key)
                 except L1Full:
-                    slot = None
-                if slot is None:  # L1 full of referenced chunks, or this one being gathered right now
+                    slot, full = None, True
+                if slot is None and not full:  # being written by a prefetch (or a gather) right now
+                    waited = self._wait_written(key, len(chunks) - i)
+                    if waited is not None:
+                        out[c] = waited[0]
+                        i += 1
+                        continue
+                if slot is None:  # L1 full of referenced chunks, or the write in flight did not end in time
                     for _, _, s in fresh:
                         self.l1.abort(s)
                     return out, True
