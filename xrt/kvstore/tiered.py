@@ -225,6 +225,13 @@ class TieredKVCacheManager(KVCacheManager):
     def _wait_written(self, key: bytes, chunks_left: int) -> tuple[int, int | None] | None:
         """The chunk being written into L1 (prefetch, gather), acquired once written; None when that takes
         longer than recomputing the chunks from here on would (or it failed)."""
+        if any(k == key for *_, k in self._gathers):
+            # this thread's own gather (CUDA): only _reap publishes it, so wait for its copy here, not for a
+            # publish that would never come while this thread waits
+            for done, *_, k in self._gathers:
+                if k == key and done is not None:
+                    done.synchronize()
+            self._reap()
         if not self.l1.writing(key):
             return self.l1.acquire(key)
         n = chunks_left
