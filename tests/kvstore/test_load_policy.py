@@ -17,7 +17,7 @@ from xrt.config import KVTiers, L2LoadPolicy, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.keys import chunk_keys
 from xrt.kvstore.l2 import L2Error
-from xrt.kvstore.policy import FLOOR_BYTES_PER_S, MIN_DEADLINE_S, LoadPolicy, PrefillClock
+from xrt.kvstore.policy import FLOOR_BYTES_PER_S, MIN_DEADLINE_S, RECENT_PREFILLS, LoadPolicy, PrefillClock
 from xrt.kvstore.stats import GPU, L1, L2
 from xrt.kvstore.tiered import TieredKVCacheManager
 from xrt.kvstore.writer import MAX_CONSECUTIVE_ERRORS
@@ -35,6 +35,18 @@ def test_policy_weighs_measured_costs() -> None:
     assert p.worth_loading(1000, 10**7)  # 10 ms to load
     p.observe_l2(10**9, 0.01)  # a fast load moves the average up, not to it
     assert 10**9 < p.l2_bandwidth < 100 * 10**9
+
+
+def test_recompute_rate_is_the_fastest_recent_prefill() -> None:
+    """A new engine's first prefill (one-time set-up) must not make recomputing look slow."""
+    p = LoadPolicy()
+    p.observe_prefill(8192, 0.3)  # the first step: ~27k tokens/s
+    p.observe_prefill(8192, 0.027)  # then ~300k tokens/s
+    p.observe_prefill(100, 0.01)  # a small step: 10k tokens/s
+    assert p.prefill_rate == pytest.approx(8192 / 0.027)
+    for _ in range(RECENT_PREFILLS):
+        p.observe_prefill(1000, 0.01)  # only recent steps count
+    assert p.prefill_rate == pytest.approx(100_000)
 
 
 def test_prefill_clock_on_cpu() -> None:

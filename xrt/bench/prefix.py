@@ -15,7 +15,8 @@ is RequestOutput.ttft_s, add_request to the first token on the host):
   loading against the prefill rate it measured), then the prompt: `l2_choice` loaded (every whole chunk from
   L2), partly loaded (cached_tokens["l2"] short of them: a load abandoned part way, or chunks the store dropped)
   or recomputed (none: the policy found loading slower, or the chunks were not there), and the L2 load bandwidth
-  (loaded_bytes_l2 / load_s_l2 of the phase's stats).
+  (bytes over seconds of the phase's L2 reads: at admission, loaded_bytes_l2 / load_s_l2, and by the
+  prefetch thread, prefetch_bytes / prefetch_s).
 One engine at a time: each is closed and freed before the next is built. The L2 directory is bench-l2 under
 cache.l2.path (or bench.out_dir), emptied before each iteration and removed at the end; cache.l1.size_gb is
 raised to hold one prompt of the longest length (KV bytes per token of the engine's layout x length x 1.2). The
@@ -63,7 +64,9 @@ from xrt.executor.device import resolve_device, resolve_dtype
 from xrt.units import GB
 
 OUTPUT_TOKENS = 4  # generated per measured request: TTFT is the first, the rest compare the phases' outputs
-L1_HEADROOM = 1.2  # cache.l1.size_gb holds this many times one prompt's KV
+# cache.l1.size_gb holds this many times one prompt's KV: the L2 writer's queue (half of L1's slots,
+# writer.py) then holds all of one prompt's chunks, so the L2 phase finds the whole prefix stored
+L1_HEADROOM = 2.2
 PHASES = ("cold", "tiered_cold", "gpu", "l1", "l2")
 RESTART_REP = WARMUP_REP + 1000  # the unrelated prompt a restarted engine prefills first
 
@@ -284,7 +287,9 @@ def _run(
     served: dict[str, int], whole: int, stats: dict[str, float], drop: dict[str, Any], got: _Phases, i: int
 ) -> dict[str, Any]:
     """One iteration's restart figures: the L2 policy's choice, its load bandwidth, the page cache drop."""
-    loaded, seconds = stats.get("loaded_bytes_l2"), stats.get("load_s_l2")
+    # at admission and by the prefetch thread (which a request queued on an idle engine starts at once)
+    loaded = (stats.get("loaded_bytes_l2") or 0) + (stats.get("prefetch_bytes") or 0)
+    seconds = (stats.get("load_s_l2") or 0) + (stats.get("prefetch_s") or 0)
     outputs = {p: got.tokens[p][i] for p in PHASES}
     return {
         "l2_choice": l2_choice(served["l2"], whole),

@@ -37,7 +37,12 @@ class ChunkCopier:
         return out
 
     def _index(self, page_ids: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(page_ids), dtype=torch.int64, device=self.kv.device)
+        """The page ids on the KV's device. On CUDA through pinned memory without blocking: a copy from
+        pageable memory would wait for the side stream's earlier copies, serializing a commit's chunks
+        (measured on the H200: +24 ms on an 8k-token prefill of Qwen3-0.6B). The caching host allocator
+        keeps the pinned buffer until the copy is done."""
+        ids = torch.tensor(list(page_ids), dtype=torch.int64, pin_memory=self.stream is not None)
+        return ids.to(self.kv.device, non_blocking=True)
 
     def gather(self, page_ids: Sequence[int], slot: torch.Tensor) -> torch.cuda.Event | None:
         """Every layer's K and V of these pages (in order) into `slot` ([layers, len(page_ids), ...])."""

@@ -25,6 +25,8 @@ FLOOR_BYTES_PER_S = 100e6
 # a batch may take this much longer than recomputing its tokens before it is abandoned (timer noise)
 DEADLINE_SLACK = 1.25
 MIN_DEADLINE_S = 0.05
+# prefill steps whose rate the recompute estimate takes the fastest of
+RECENT_PREFILLS = 32
 
 
 def _blend(old: float | None, new: float) -> float:
@@ -68,16 +70,22 @@ class PrefillClock:
 
 
 class LoadPolicy:
-    """prefill_rate: tokens/s of prefill steps; l2_bandwidth: bytes/s of L2 loads (read and verified). Both
-    moving averages, None until measured (tests and benchmarks may set them)."""
+    """prefill_rate: tokens/s, the fastest of the recent prefill steps; l2_bandwidth: bytes/s of L2 loads
+    (read and verified), a moving average. None until measured (tests and benchmarks may set them)."""
 
     def __init__(self) -> None:
         self.prefill_rate: float | None = None
         self.l2_bandwidth: float | None = None
+        self._rates: deque[float] = deque(maxlen=RECENT_PREFILLS)
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """The recompute rate is the fastest of the recent prefill steps, not their average: an estimate
+        that is too slow would let a load run longer than recomputing (the first step of a new engine ran
+        ~10x slower than the next on the H200, from one-time set-up), one that is too fast only recomputes
+        what could have been loaded."""
         if num_tokens > 0 and seconds > 0:
-            self.prefill_rate = _blend(self.prefill_rate, num_tokens / seconds)
+            self._rates.append(num_tokens / seconds)
+            self.prefill_rate = max(self._rates)
 
     def observe_l2(self, nbytes: int, seconds: float) -> None:
         if nbytes > 0 and seconds > 0:
