@@ -4,6 +4,7 @@ and the L2 writer thread is never silently dead. Also the per-request counts by 
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,9 @@ def test_a_load_past_its_deadline_is_abandoned(diverse_cfg: Callable[..., XrtCon
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, L2LoadPolicy.MEASURED)))
     tiers = tiers_of(llm)
     assert tiers.l2 is not None
-    tiers.policy.prefill_rate = 1e9  # recomputing is instant: the deadline is the minimum
+    # recomputing is instant: the deadline is the minimum; the bandwidth unknown (not the start-up probe's),
+    # so the load is tried
+    tiers.policy.prefill_rate, tiers.policy.l2_bandwidth = 1e9, None
     agent = tiers.l2._agents["READ"]
     real_state = agent.agent.check_xfer_state
     stalled = True
@@ -176,3 +179,24 @@ def test_failing_stores_turn_the_l2_store_off(diverse_cfg: Callable[..., XrtConf
     assert not list(tmp_path.glob("xrt-kv-*/*.kv")) and not list(tmp_path.glob("xrt-kv-*/.*.tmp"))
     assert not any(tiers.l1._refs)
     assert isinstance(tiers, TieredKVCacheManager)
+
+
+def test_a_restarted_engine_starts_from_measurements(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path) -> None:
+    """The prefill rate is saved in the L2 directory at close and restored by the next engine, and a probe
+    read of stored chunks gives the L2 bandwidth before the first load."""
+    first = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    outputs(first, prompts(0)[:2])
+    tiers_of(first).flush()  # folds in the last prefill's time
+    rate = tiers_of(first).policy.prefill_rate
+    assert rate is not None and tiers_of(first).policy.l2_bandwidth is None  # an empty directory: no probe
+    tiers_of(first).close()
+    (saved,) = tmp_path.glob("xrt-kv-*/measurements.json")
+    assert json.loads(saved.read_text())["prefill_rate"] == {"cpu": rate}
+    again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    policy = tiers_of(again).policy
+    assert policy.prefill_rate == rate and policy.l2_bandwidth is not None and policy.l2_bandwidth > 0
+    tiers = tiers_of(again)
+    assert not tiers.l1._writing and not any(tiers.l1._refs) and len(tiers.l1) == 0  # the probe's slots freed
+    saved.write_text("{not json")  # unreadable: a first measurement again, no error
+    third = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    assert tiers_of(third).policy.prefill_rate is None

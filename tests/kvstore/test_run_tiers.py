@@ -26,7 +26,11 @@ def test_second_run_loads_from_l2(tmp_path: Path, tiny_checkpoint: str) -> None:
     assert "kv tiers: chunks stored l1 6, l2 6," in first[-1] and "store errors 0" in first[-1]
     assert len(list(tmp_path.glob("xrt-kv-*/*.kv"))) == 6
     second = run(tmp_path, tiny_checkpoint)
+    # the request's chunks come from L2 through the prefetch started when it was queued (cache.l2.prefetch) or,
+    # for those the prefetch had not reached at its admission, read then: 6 chunks either way
     assert "cached gpu 0, l1 0, l2 96, computed 1 (1 lookups) | loaded l1 0.0 MB, l2 " in second[-2]
-    assert "GB/s" in second[-2].split("l2 ")[-1]  # the L2 load's bandwidth is printed
+    prefetched = int(second[-1].split("prefetched ")[1].split(" chunks")[0])
+    read_mb = float(second[-2].split("loaded l1 ")[1].split(", l2 ")[1].split(" MB")[0])
+    assert prefetched == 6 or read_mb > 0
     assert "checksum failures 0" in second[-1] and "chunks stored l1 0, l2 0" in second[-1]
     assert second[0] == first[0]  # the same generation

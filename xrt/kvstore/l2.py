@@ -30,6 +30,7 @@ a lock too."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import threading
@@ -55,6 +56,8 @@ DIR_PREFIX = "xrt-kv-"
 SPIN_S = 200e-6
 MAX_POLL_SLEEP_S = 2e-3
 TEMP_SUFFIX = ".tmp"
+# what a process measured here, for the next one (policy.py)
+MEASUREMENTS = "measurements.json"
 # a temp file this old belongs to a store that died (a live one renames within a transfer's time)
 STALE_TEMP_S = 3600.0
 
@@ -397,6 +400,40 @@ class L2Store:
                     log.warning("L2 index update failed: %s", e)
         self.loaded += sum(crc is not None for crc in ok)
         return LoadResult(ok, time.perf_counter() - start)
+
+    def sample_keys(self, n: int) -> list[bytes]:
+        """Up to n stored keys, the most recently used first (for a bandwidth probe)."""
+        if self.index is None:
+            return []
+        with self._index_lock:
+            self.index.refresh()
+            recent = sorted(self.index.entries.items(), key=lambda kv: -kv[1][1])[:n]
+        return [bytes.fromhex(k) for k, _ in recent]
+
+    # ------------------------------------------------------------------ measurements
+
+    def read_measurements(self) -> dict[str, Any]:
+        """What an earlier process measured with this directory (policy.py: prefill rates per device, the L2
+        read bandwidth), or {} when nothing (or something unreadable) is there."""
+        try:
+            data = json.loads((self.dir / MEASUREMENTS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_measurements(self, data: dict[str, Any]) -> None:
+        """Written to a temp name and renamed (a reader sees the old file or the new one); failures are only
+        logged: they cost the next process a first measurement, nothing else."""
+        if self.error is not None:
+            return
+        tmp = self.dir / f".{MEASUREMENTS}.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
+        try:
+            tmp.write_text(json.dumps(data, sort_keys=True))
+            os.replace(tmp, self.dir / MEASUREMENTS)
+        except OSError as e:
+            log.warning("L2: could not save the measurements: %s", e)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -5,8 +5,10 @@ A tier must never make TTFT worse than a cold prefill. Reading Qwen3-8B's KV (~1
 2 GB/s disk costs more than an H200 takes to recompute it, so the decision is made from measurements, not
 assumed: `worth_loading` before a load starts (and before each batch of a long load, with the bandwidth the
 batches so far achieved), and `deadline_s` bounds the wait for one batch (a stalled or slow transfer is
-abandoned and its tokens prefilled). Before anything is measured, loading is tried: the first batch measures
-the bandwidth, and a slow one ends the load there.
+abandoned and its tokens prefilled). A new process starts from what the last one on the same L2 directory
+measured (`restore`: prefill rate per device, L2 bandwidth, in measurements.json there) and from one small
+read of stored chunks at start-up (tiered.py); with nothing measured at all, loading is tried: the first
+batch measures the bandwidth, and a slow one ends the load there.
 
 Prefill steps are timed with CUDA events read once they complete (`PrefillClock`), never with a device sync
 on the step path; on CPU a step's wall time is its cost."""
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Any
 
 import torch
 
@@ -77,6 +80,28 @@ class LoadPolicy:
         self.prefill_rate: float | None = None
         self.l2_bandwidth: float | None = None
         self._rates: deque[float] = deque(maxlen=RECENT_PREFILLS)
+
+    def restore(self, saved: dict[str, Any], device: str) -> None:
+        """Start from what an earlier process on this L2 directory measured (its prefill rate on this kind
+        of device, its L2 bandwidth): a restarted server then weighs its first load correctly."""
+        rate = saved.get("prefill_rate", {}).get(device) if isinstance(saved.get("prefill_rate"), dict) else None
+        if isinstance(rate, (int, float)) and rate > 0:
+            self.prefill_rate = float(rate)
+            self._rates.append(float(rate))
+        bw = saved.get("l2_bandwidth")
+        if isinstance(bw, (int, float)) and bw > 0 and self.l2_bandwidth is None:
+            self.l2_bandwidth = float(bw)
+
+    def saved(self, previous: dict[str, Any], device: str) -> dict[str, Any]:
+        """`previous` (another device's rates kept) with this process's measurements."""
+        out = dict(previous)
+        rates = dict(previous.get("prefill_rate", {})) if isinstance(previous.get("prefill_rate"), dict) else {}
+        if self.prefill_rate:
+            rates[device] = self.prefill_rate
+        out["prefill_rate"] = rates
+        if self.l2_bandwidth:
+            out["l2_bandwidth"] = self.l2_bandwidth
+        return out
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """The recompute rate is the fastest of the recent prefill steps, not their average: an estimate

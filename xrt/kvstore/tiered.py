@@ -59,6 +59,8 @@ from xrt.units import MB
 __all__ = ["GPU", "L1", "L2", "TierStats", "TieredHit", "TieredKVCacheManager"]
 
 log = get_logger(__name__)
+# L1 keys of the start-up bandwidth probe's scratch slots (29 bytes: never a 32-byte sha256 chunk key)
+PROBE_KEY = b"xrt-l2-bandwidth-probe-slot-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,9 @@ class TieredKVCacheManager(KVCacheManager):
             self.writer = L2Writer(l2, l1, self.stats)
             if prefetch and peers is None:  # with TP the ranks would have to prefetch in step: not built
                 self.prefetcher = Prefetcher(l1, l2, self.stats, self.load_batch)
+            self.device_name = torch.cuda.get_device_name(kv.device) if kv.device.type == "cuda" else "cpu"
+            self.policy.restore(l2.read_measurements(), self.device_name)
+            self._probe_l2()
             # the writer is a daemon (it must never keep a process alive); at exit, let it finish what is queued
             # so a run's chunks are in L2 for the next one. A weak reference: the hook keeps no manager alive.
             ref = weakref.ref(self)
@@ -174,6 +179,8 @@ class TieredKVCacheManager(KVCacheManager):
 
     def close(self) -> None:
         self.flush()
+        if self.l2 is not None:  # for the next process on this directory (policy.restore)
+            self.l2.write_measurements(self.policy.saved(self.l2.read_measurements(), self.device_name))
         if self.prefetcher is not None:
             self.prefetcher.close()
             self.prefetcher = None
@@ -222,6 +229,30 @@ class TieredKVCacheManager(KVCacheManager):
             todo.append(keys[c])
         self.prefetcher.submit(todo)
 
+    def _probe_l2(self) -> None:
+        """Time one read of a couple of stored chunks at start-up: the L2 bandwidth the policy weighs the
+        first loads with (the page cache included, as the loads will see it). Costs one transfer (~30 ms
+        for two Qwen3-8B chunks from a 2 GB/s disk); nothing to do with an empty directory."""
+        assert self.l2 is not None
+        keys = self.l2.sample_keys(2)
+        slots = []
+        for i in range(len(keys)):
+            try:
+                slot = self.l1.reserve(PROBE_KEY + bytes([i]))
+            except L1Full:
+                break
+            if slot is not None:
+                slots.append(slot)
+        if not slots:
+            return
+        try:
+            result = self.l2.load(list(zip(keys, slots, strict=False)))
+            if all(crc is not None for crc in result.crcs):
+                self.policy.observe_l2(len(slots) * self.layout.nbytes, result.seconds)
+        finally:
+            for slot in slots:
+                self.l1.abort(slot)
+
     def _wait_written(self, key: bytes, chunks_left: int) -> tuple[int, int | None] | None:
         """The chunk being written into L1 (prefetch, gather), acquired once written; None when that takes
         longer than recomputing the chunks from here on would (or it failed)."""
@@ -234,8 +265,13 @@ class TieredKVCacheManager(KVCacheManager):
             self._reap()
         if not self.l1.writing(key):
             return self.l1.acquire(key)
-        n = chunks_left
-        limit = self.policy.deadline_s(n * self.chunk_tokens, n * self.layout.nbytes) if self.measured else 600.0
+        # another thread's write: a prefetch reading a batch from L2. Wait only if such a read is worth it,
+        # and at most what recomputing the batch it delivers would take.
+        n = min(chunks_left, self.load_batch)
+        tokens, nbytes = n * self.chunk_tokens, n * self.layout.nbytes
+        if self.measured and not self.policy.worth_loading(tokens, nbytes):
+            return None
+        limit = self.policy.deadline_s(tokens, nbytes) if self.measured else 600.0
         start = time.perf_counter()
         got = self.l1.acquire_when_written(key, limit)
         self.stats.prefetch_wait_s += time.perf_counter() - start
@@ -337,6 +373,8 @@ class TieredKVCacheManager(KVCacheManager):
                 if tier == L1 or not cut:
                     self.stats.failed_loads += 1
                 break
+            if tier == L1 and self.prefetcher is not None and self.prefetcher.take_loaded(key):
+                tier = L2  # a prefetch brought it up from L2 ahead of admission
             done = None
             try:
                 pages = seq.page_table[c * self.ppc : (c + 1) * self.ppc]
@@ -350,8 +388,6 @@ class TieredKVCacheManager(KVCacheManager):
                     self.l1.release(slot)
                 else:  # the copy up still reads the slot: an L2 read must not reuse it before it is done
                     self._scatters.append((done, slot))
-            if tier == L1 and self.prefetcher is not None and self.prefetcher.take_loaded(key):
-                tier = L2  # a prefetch brought it up from L2 ahead of admission
             tiers.append(tier)
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
