@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 import xrt
+import xrt.config
 from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, SamplingArgs, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvcache.device import KVLayout
@@ -59,13 +61,28 @@ def size_gb(chunks: int) -> float:
     return (chunks + 0.5) * ENGINE_LAYOUT.nbytes / GB
 
 
+def _exact_loads() -> dict[str, Any]:
+    """L2 options that make loads a function of what the tiers hold, not of this machine's timing: where
+    cache.l2 has a load policy and prefetching (the tiered manager being rewritten), `always` and no prefetch."""
+    names = {a.name for a in attrs.fields(L2Args)}
+    policy = getattr(xrt.config, "L2LoadPolicy", None)
+    out: dict[str, Any] = {}
+    if "load_policy" in names and policy is not None:
+        out["load_policy"] = policy.ALWAYS
+    if "prefetch" in names:
+        out["prefetch"] = False
+    return out
+
+
 def tier_cache(
     tiers: KVTiers, path: str | Path, l1_chunks: int | None = None, l2_chunks: int | None = None
 ) -> CacheArgs:
     """The engine tests' cache: 256 pages of 4 tokens, chunks of CHUNK tokens, L1 of 162 chunks unless given,
-    L2 under `path`."""
+    L2 under `path` (of cache.l2.size_gb unless given)."""
     l1 = L1Args(size_gb=0.002 if l1_chunks is None else size_gb(l1_chunks))
-    l2 = L2Args(path=str(path)) if l2_chunks is None else L2Args(path=str(path), size_gb=size_gb(l2_chunks))
+    l2 = L2Args(path=str(path), **_exact_loads())
+    if l2_chunks is not None:
+        l2 = attrs.evolve(l2, size_gb=size_gb(l2_chunks))
     return CacheArgs(page_size=4, num_pages=256, chunk_tokens=CHUNK, tiers=tiers, l1=l1, l2=l2)
 
 
@@ -101,6 +118,25 @@ def settle(tiers: TieredKVCacheManager, close: bool = False, timeout: float = 60
     t.start()
     t.join(timeout)
     assert not t.is_alive(), f"the L2 writer did not finish its queue in {timeout} s"
+
+
+def break_transfers(monkeypatch: Any, l2: L2Store | None, direction: str, how: str) -> list[Any]:
+    """Makes every transfer of one direction fail: "store" (the WRITE agent) or "load" (every other agent: the
+    reads at admission, and ahead of it where there is a prefetch agent). NIXL reports ERR (`how="err"`) or its
+    binding raises (`"raise"`). Returns the transfers attempted."""
+    assert l2 is not None
+    calls: list[Any] = []
+
+    def transfer(handle: Any, *args: Any, **kwargs: Any) -> str:
+        calls.append(handle)
+        if how == "raise":
+            raise RuntimeError("injected NIXL failure")
+        return "ERR"
+
+    for role, agent in l2._agents.items():
+        if (role == "WRITE") == (direction == "store"):
+            monkeypatch.setattr(agent.agent, "transfer", transfer)
+    return calls
 
 
 def assert_l1_idle(l1: L1Cache) -> None:
@@ -162,7 +198,8 @@ def load_all(l2: L2Store) -> dict[str, int | None]:
         batch = keys[start : start + step]
         slots = [l2.l1.reserve(b"spare" + k) for k in batch]  # other L1 keys: only L2 is read
         try:
-            for k, crc in zip(batch, l2.load(list(zip(batch, slots, strict=True))), strict=True):
+            got = l2.load(list(zip(batch, slots, strict=True)))
+            for k, crc in zip(batch, getattr(got, "crcs", got), strict=True):  # a list, or a LoadResult's
                 out[k.hex()] = crc
         finally:
             for s in slots:

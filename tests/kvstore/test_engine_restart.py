@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from kvstore_support import (
     CHUNK,
+    break_transfers,
     check_l2_dir,
     computed_keys,
     file_ids,
@@ -66,8 +67,8 @@ def test_storing_a_chunk_l2_holds_leaves_it_alone(
 ) -> None:
     """A second engine computes chunks L2 already holds and hands them to its L2 writer: the store is a no-op,
     every file keeps its inode and mtime and the index is not rewritten. last-chunk: the prompt is exactly 4
-    chunks, so the 4th is computed (its last token) although L2 has it; every-chunk: L2 loads are estimated
-    slower than prefill, so the whole prompt is recomputed."""
+    chunks, so the 4th is computed (its last token) although L2 has it; every-chunk: the second engine's L2
+    reads fail, so it recomputes the whole prompt."""
     rng = random.Random(5)
     prompt = tokens(rng, 4 * CHUNK)
     want = reference(diverse_cfg, [prompt])
@@ -90,7 +91,7 @@ def test_storing_a_chunk_l2_holds_leaves_it_alone(
     b = LLM(diverse_cfg(cache=tier_cache(KVTiers.L1_L2, tmp_path)))
     tiers = tiers_of(b)
     if recompute == "every-chunk":
-        tiers._l2_bw, tiers._prefill_rate = 1.0, 1e12
+        break_transfers(monkeypatch, tiers.l2, "load", "err")
     assert generate_each(b, [prompt]) == want
     settle(tiers, close=True)
     stats = tiers.stats

@@ -18,6 +18,7 @@ from kvstore_support import (
     CHUNK,
     ENGINE_LAYOUT,
     assert_l1_idle,
+    break_transfers,
     check_l2_dir,
     child_result,
     computed_keys,
@@ -39,26 +40,9 @@ from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.index import INDEX, L2Index, parse_data_name
 from xrt.kvstore.keys import chunk_keys
-from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.tiered import GPU, L1, L2
 
 ZERO = {GPU: 0, L1: 0, L2: 0}
-
-
-def break_transfers(monkeypatch: pytest.MonkeyPatch, l2: L2Store | None, op: str, how: str) -> list[Any]:
-    """Makes the agent of one direction fail every transfer it posts: NIXL reports ERR, or its binding raises.
-    Returns the list of transfers attempted."""
-    assert l2 is not None
-    calls: list[Any] = []
-
-    def transfer(handle: Any, *args: Any, **kwargs: Any) -> str:
-        calls.append(handle)
-        if how == "raise":
-            raise RuntimeError("injected NIXL failure")
-        return "ERR"
-
-    monkeypatch.setattr(l2._agents[op].agent, "transfer", transfer)
-    return calls
 
 
 def l2_engine(make_cfg: Callable[..., XrtConfig], path: Path, **sizes: int) -> LLM:
@@ -86,7 +70,7 @@ def test_failed_l2_load_is_recomputed(
 
     b = l2_engine(diverse_cfg, tmp_path)
     tiers = tiers_of(b)
-    calls = break_transfers(monkeypatch, tiers.l2, "READ", how)
+    calls = break_transfers(monkeypatch, tiers.l2, "load", how)
     assert generate_each(b, [second]) == want[1:2]
     assert len(calls) == 1  # the 4 chunks were asked for, in one transfer, which failed
     assert tiers.stats.hit_tokens == ZERO and tiers.stats.failed_loads == 1
@@ -114,7 +98,7 @@ def test_failed_l2_store_publishes_nothing(
     want = reference(diverse_cfg, [*prompts, later])
     llm = l2_engine(diverse_cfg, tmp_path)
     tiers = tiers_of(llm)
-    calls = break_transfers(monkeypatch, tiers.l2, "WRITE", how)
+    calls = break_transfers(monkeypatch, tiers.l2, "store", how)
     assert generate_each(llm, prompts) == want[:3]
     settle(tiers)
     d = namespace_dir(tmp_path)
