@@ -28,7 +28,7 @@ from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.index import INDEX, LOCK, parse_data_name
 from xrt.kvstore.keys import KeyNamespace, chunk_keys
 from xrt.kvstore.l1 import L1Cache
-from xrt.kvstore.l2 import DIR_PREFIX, TEMP_SUFFIX, L2Store
+from xrt.kvstore.l2 import DIR_PREFIX, MEASUREMENTS, TEMP_SUFFIX, L2Store
 from xrt.kvstore.tiered import TieredKVCacheManager
 from xrt.models.tiny import tiny_model_args
 from xrt.units import GB
@@ -162,8 +162,10 @@ def temp_files(d: Path) -> list[str]:
 
 
 def file_ids(d: Path) -> dict[str, tuple[int, int, int]]:
-    """{name: (inode, mtime_ns, size)} of every file in d: equal only when nothing was rewritten or replaced."""
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size) for p in d.iterdir()}
+    """{name: (inode, mtime_ns, size)} of every file in d but the policy's measurements (rewritten by every
+    engine's close, by design): equal only when no chunk or index file was rewritten or replaced."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size) for p in d.iterdir()
+            if p.name != MEASUREMENTS}
 
 
 def check_l2_dir(d: Path, nbytes: int = ENGINE_LAYOUT.nbytes) -> dict[str, int]:
@@ -173,7 +175,7 @@ def check_l2_dir(d: Path, nbytes: int = ENGINE_LAYOUT.nbytes) -> dict[str, int]:
     names = os.listdir(d)
     assert not temp_files(d), temp_files(d)
     files = {p[0]: p[1] for p in map(parse_data_name, names) if p is not None}
-    assert set(names) - {f"{k}-{c:08x}.kv" for k, c in files.items()} <= {INDEX, LOCK}, names
+    assert set(names) - {f"{k}-{c:08x}.kv" for k, c in files.items()} <= {INDEX, LOCK, MEASUREMENTS}, names
     if INDEX in names:
         data = json.loads((d / INDEX).read_text())
         index = {k: int(v[0]) for k, v in data["entries"].items()}

@@ -188,14 +188,6 @@ def test_full_disk_publishes_nothing(
     assert stats["stored_l1"] == len(every) and stats["stored_l2"] == 2 and stats["dropped_l2"] == 0
 
 
-FULL_AT_INDEX = (
-    "L2Store.store renames the batch's data files before L2Index.update writes the index; when that write fails "
-    "(EFBIG/ENOSPC) the except path unlinks only the temp names, so the renamed files stay, unlisted, and "
-    "L2Index.update leaves its partial .index.json.<pid>.tmp behind"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=FULL_AT_INDEX)
 def test_full_disk_at_the_index_write_publishes_nothing(
     diverse_cfg: Callable[..., XrtConfig], tiny_checkpoint_diverse: str, tmp_path: Path
 ) -> None:
@@ -307,21 +299,9 @@ def test_tiny_l1_under_a_stalled_writer(diverse_cfg: Callable[..., XrtConfig], t
 
 # ---------------------------------------------------------------- (e) kill -9 while storing
 
-ORPHANS_AFTER_KILL = (
-    "L2Store.store renames data files before L2Index.update lists them and no start reconciles the two: a kill "
-    "in between leaves data files the index never lists (never loaded, never evicted, outside size_gb)"
-)
-
-
 @pytest.mark.parametrize(
     "at",
-    [
-        "transfer",
-        pytest.param(
-            "rename",
-            marks=pytest.mark.xfail(strict=True, reason=ORPHANS_AFTER_KILL),
-        ),
-    ],
+    ["transfer", "rename"],
 )
 def test_kill_during_store_then_restart(
     diverse_cfg: Callable[..., XrtConfig], tiny_checkpoint_diverse: str, tmp_path: Path, at: str

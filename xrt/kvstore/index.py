@@ -119,9 +119,50 @@ class L2Index:
                     crc = int(entries.pop(k)[0])
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.dir / data_name(k, crc))
-            tmp = self.dir / f".{INDEX}.{os.getpid()}.tmp"
+            self._write(entries)
+        return evicted
+
+    def _write(self, entries: dict[str, list[float]]) -> None:
+        """Under the lock: the index replaced whole, or (a failed write, e.g. a full disk) left as it was with
+        no temp file behind."""
+        tmp = self.dir / f".{INDEX}.{os.getpid()}.tmp"
+        try:
             tmp.write_text(json.dumps({"version": VERSION, "entries": entries}))
             os.replace(tmp, self.dir / INDEX)
-            self.entries = entries
-            self._seen = self._stat()
-        return evicted
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        self.entries = entries
+        self._seen = self._stat()
+
+    def reconcile(self, chunk_bytes: int) -> tuple[list[str], list[str]]:
+        """At start-up, under the lock: list the whole data files the index misses (a store killed between
+        its rename and its index update), delete data files of the wrong size, and drop entries whose file is
+        gone. Returns (keys added, keys dropped)."""
+        with self._locked():
+            entries = self._read()
+            on_disk: dict[str, tuple[int, float]] = {}
+            with contextlib.suppress(OSError):
+                for e in os.scandir(self.dir):
+                    parsed = parse_data_name(e.name)
+                    if parsed is None:
+                        continue
+                    st = e.stat()
+                    if st.st_size != chunk_bytes:
+                        with contextlib.suppress(OSError):
+                            os.unlink(e.path)
+                        continue
+                    on_disk[parsed[0]] = (parsed[1], st.st_mtime)
+            added = [k for k in on_disk if k not in entries or int(entries[k][0]) != on_disk[k][0]]
+            dropped = [k for k in entries if k not in on_disk]
+            if added or dropped:
+                for k in dropped:
+                    del entries[k]
+                for k in added:
+                    entries[k] = [on_disk[k][0], on_disk[k][1]]
+                self._write(entries)
+            else:
+                self.entries = entries
+                self._seen = self._stat()
+        return added, dropped

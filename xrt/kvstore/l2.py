@@ -166,6 +166,14 @@ class L2Store:
         self.index = L2Index(self.dir) if self.error is None else None
         if self.index is not None:
             remove_stale_temps(self.dir)
+            try:
+                added, dropped = self.index.reconcile(self.chunk_bytes)
+            except OSError as e:  # a read-only or full directory: the index stays as it is
+                log.warning("L2: could not reconcile %s with its files: %s", self.dir, e)
+            else:
+                if added or dropped:
+                    log.info("L2: %d unlisted chunk files listed, %d entries without a file dropped",
+                             len(added), len(dropped))
         api = nixl_api()
         name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         params = dict(args.backend_params)
@@ -295,6 +303,7 @@ class L2Store:
             return []
         tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmps: list[Path] = []
+        renamed: list[Path] = []
         fds: list[int] = []
         try:
             for k, _, _ in todo:
@@ -305,15 +314,22 @@ class L2Store:
             published: list[tuple[str, int]] = []
             for (k, _, crc), tmp in zip(todo, tmps, strict=True):
                 os.replace(tmp, self.dir / data_name(k.hex(), crc))
+                renamed.append(self.dir / data_name(k.hex(), crc))
                 published.append((k.hex(), crc))
             with self._index_lock:
                 index.update(add=published, limit=self.limit)
         except (OSError, L2Error) as e:
             log.warning("L2 store of %d chunks failed, nothing published: %s", len(todo), e)
             self.last_store_failed = True
-            for tmp in tmps:
+            # the temp files, and the data files renamed before the index write failed (never listed). A key
+            # another process had listed meanwhile under the same name is theirs: its file is left alone.
+            with self._index_lock:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                    index.refresh(force=True)
+                listed = set(index.entries)
+            for path in [*tmps, *(r for r in renamed if r.name.split("-")[0] not in listed)]:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             return []
         finally:
             for fd in fds:
