@@ -118,14 +118,17 @@ def test_prefixes_from_every_ranks_l1_then_l2(tiny_checkpoint_diverse: str, tmp_
 @pytest.mark.parametrize("lost", ["files", "directory"])
 def test_a_rank_without_its_l2_files_shortens_the_agreed_hit(tiny_checkpoint_diverse: str, tmp_path: Path,
                                                              want: list[list[int]], lost: str) -> None:
-    """files: rank 1's index still lists them, so the lookups agree on the whole hit and the loads on none;
-    directory: its index is gone too, so the lookups agree on none."""
+    """files: rank 1's chunk files corrupted (same size, so its start-up reconcile keeps them listed): the
+    lookups agree on the whole hit and the loads, failing rank 1's checksums, on none; directory: gone, index
+    and all: the lookups agree on none."""
     with Run(tiny_checkpoint_diverse, tmp_path) as run:
         assert one_by_one(run.llm) == want
         dirs = rank_dirs(run, tmp_path)
     if lost == "files":
         for f in dirs[1].glob("*.kv"):
-            f.unlink()
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 1
+            f.write_bytes(bytes(data))
     else:
         shutil.rmtree(dirs[1])
     assert list(dirs[0].glob("*.kv"))
@@ -138,10 +141,9 @@ def test_a_rank_without_its_l2_files_shortens_the_agreed_hit(tiny_checkpoint_div
         assert stats.computed_tokens == sum(len(p) for p in prompts()) - stats.hit_tokens[GPU]
         assert (stats.failed_loads > 0) == (lost == "files")
         tiers_of(run.llm).flush()
-    # rank 1 stored its chunks again; with its index left, all but the one the second prompt's decode filled:
-    # no prompt reaches that one, so the index still lists its deleted file (a miss whenever one does)
-    lacking = 1 if lost == "files" else 0
-    assert len(list(dirs[1].glob("*.kv"))) == len(list(dirs[0].glob("*.kv"))) - lacking
+    # rank 1 stored its chunks again (a corrupt chunk is dropped when a load finds it bad, then stored anew; the
+    # one the second prompt's decode filled is never looked up: its corrupt file stays, a miss whenever read)
+    assert len(list(dirs[1].glob("*.kv"))) == len(list(dirs[0].glob("*.kv")))
 
     with Run(tiny_checkpoint_diverse, tmp_path) as run:
         assert one_by_one(run.llm) == want
