@@ -72,14 +72,16 @@ class L2Index:
             pass
         return self._scan()
 
-    def _scan(self) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
+    def _data_files(self) -> Iterator[tuple[str, int, os.stat_result, str]]:
+        """(key hex, crc, stat, path) of every data file in the directory (none when it cannot be read)."""
         with contextlib.suppress(OSError):
             for e in os.scandir(self.dir):
                 parsed = parse_data_name(e.name)
                 if parsed is not None:
-                    out[parsed[0]] = [parsed[1], e.stat().st_mtime]
-        return out
+                    yield parsed[0], parsed[1], e.stat(), e.path
+
+    def _scan(self) -> dict[str, list[float]]:
+        return {k: [crc, st.st_mtime] for k, crc, st, _ in self._data_files()}
 
     def refresh(self, force: bool = False) -> None:
         """Re-read the index if another process replaced it since (one stat when it did not)."""
@@ -143,17 +145,12 @@ class L2Index:
         with self._locked():
             entries = self._read()
             on_disk: dict[str, tuple[int, float]] = {}
-            with contextlib.suppress(OSError):
-                for e in os.scandir(self.dir):
-                    parsed = parse_data_name(e.name)
-                    if parsed is None:
-                        continue
-                    st = e.stat()
-                    if st.st_size != chunk_bytes:
-                        with contextlib.suppress(OSError):
-                            os.unlink(e.path)
-                        continue
-                    on_disk[parsed[0]] = (parsed[1], st.st_mtime)
+            for key_hex, crc, st, path in self._data_files():
+                if st.st_size != chunk_bytes:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    continue
+                on_disk[key_hex] = (crc, st.st_mtime)
             added = [k for k in on_disk if k not in entries or int(entries[k][0]) != on_disk[k][0]]
             dropped = [k for k in entries if k not in on_disk]
             if added or dropped:

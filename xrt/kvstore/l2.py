@@ -186,11 +186,17 @@ class L2Store:
     # ------------------------------------------------------------------ lookups
 
     def contains(self, key: bytes) -> bool:
+        return self.holds([key])[0]
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored: one look at the index file for all of them (a lookup asks for every
+        chunk of a prompt)."""
         if self.index is None:
-            return False
+            return [False] * len(keys)
         with self._index_lock:
             self.index.refresh()
-            return key.hex() in self.index.entries
+            entries = self.index.entries
+            return [k.hex() in entries for k in keys]
 
     def __len__(self) -> int:
         if self.index is None:

@@ -100,10 +100,7 @@ class KVShard:
                 continue
             self.l1.publish(slot)
             if self.writer is not None:
-                got = self.l1.acquire(key)  # referenced until written
-                if got is not None and not self.writer.offer((key, got[0], got[1])):
-                    self.l1.release(got[0])
-                    self.stats.dropped_l2 += 1
+                self.writer.offer_published(key)
         self._gathers = left
         scatters = []
         for item in self._scatters:
@@ -122,10 +119,11 @@ class KVShard:
     def held(self, keys: Sequence[bytes]) -> int:
         """How many leading chunks this rank holds in L1 or L2."""
         self._reap()
+        mine = [self._key(k) for k in keys]
+        in_l2 = self.l2.holds(mine) if self.l2 is not None else [False] * len(mine)
         n = 0
-        for key0 in keys:
-            key = self._key(key0)
-            if not (self.l1.contains(key) or (self.l2 is not None and self.l2.contains(key))):
+        for key, stored in zip(mine, in_l2, strict=True):
+            if not (stored or self.l1.contains(key)):
                 break
             n += 1
         return n

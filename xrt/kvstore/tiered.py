@@ -154,10 +154,7 @@ class TieredKVCacheManager(KVCacheManager):
             self.l1.publish(slot)  # its crc32 is computed by the L2 writer, off this thread
             self.stats.stored_l1 += 1
             if self.writer is not None:
-                got = self.l1.acquire(key)  # referenced until written: L1 eviction must not reuse it
-                if got is not None and not self.writer.offer((key, got[0], got[1])):
-                    self.l1.release(got[0])
-                    self.stats.dropped_l2 += 1
+                self.writer.offer_published(key)
         self._gathers = left
 
     def flush(self) -> None:
@@ -213,18 +210,18 @@ class TieredKVCacheManager(KVCacheManager):
         admission finds them there. Only chunks contiguous with what the GPU and L1 hold are worth it."""
         if self.prefetcher is None:
             return
+        assert self.l2 is not None
         ct = self.chunk_tokens
         loadable = (len(token_ids) - 1) // ct
-        c0 = super().lookup(token_ids).num_tokens // ct
-        if loadable <= c0:
-            return
-        assert self.l2 is not None
         keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
+        in_l2 = self.l2.holds(keys)
+        if not any(in_l2):
+            return  # the common case: nothing to prefetch, and no need to match the GPU prefix cache
         todo = []
-        for c in range(c0, loadable):
+        for c in range(super().lookup(token_ids).num_tokens // ct, loadable):
             if self.l1.contains(keys[c]) or self.l1.writing(keys[c]):
                 continue
-            if not self.l2.contains(keys[c]):
+            if not in_l2[c]:
                 break
             todo.append(keys[c])
         self.prefetcher.submit(todo)
@@ -288,11 +285,12 @@ class TieredKVCacheManager(KVCacheManager):
         if loadable <= c0:
             return hit
         keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
+        in_l2 = self.l2.holds(keys[c0:]) if self.l2 is not None else [False] * (loadable - c0)
         chunks: list[tuple[int, bytes, str]] = []
         for c in range(c0, loadable):
             if self.l1.contains(keys[c]) or self.l1.writing(keys[c]):  # writing: a prefetch or gather in flight
                 chunks.append((c, keys[c], L1))
-            elif self.l2 is not None and self.l2.contains(keys[c]):
+            elif in_l2[c - c0]:
                 chunks.append((c, keys[c], L2))
             else:
                 break

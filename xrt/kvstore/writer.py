@@ -60,6 +60,14 @@ class L2Writer:
         self.stats.store_queue_max = max(self.stats.store_queue_max, self.queue.qsize())
         return True
 
+    def offer_published(self, key: bytes) -> None:
+        """Queue a chunk just published in L1, its slot referenced until written (L1 eviction must not reuse
+        it); a full queue (or a store turned off) leaves it L1-only, counted as dropped."""
+        got = self.l1.acquire(key)
+        if got is not None and not self.offer((key, got[0], got[1])):
+            self.l1.release(got[0])
+            self.stats.dropped_l2 += 1
+
     def ensure_running(self) -> None:
         """Start the thread again if it died (it logs why before it goes)."""
         if self._stopping or self._thread is None or self._thread.is_alive():
