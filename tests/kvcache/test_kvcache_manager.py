@@ -335,3 +335,20 @@ def test_evict_follows_the_free_list_tail_pages_first() -> None:
     assert kv.evict() == [pages[1]]
     assert kv.lookup(a.token_ids).pages == (pages[0],)
     assert kv.num_free_pages == 8 - len(b.page_table)
+
+
+def test_fresh_pages_are_handed_out_in_ascending_order() -> None:
+    """Whatever order the free list holds them in (a freed sequence's pages come back tail first), a sequence's
+    fresh pages are ascending, so a KV tier copies a chunk's pages as one run (xrt/kvstore/copy.py)."""
+    kv = KVCacheManager(num_pages=32, page_size=4, prefix_caching=False)
+    first = make_seq(list(range(40)))  # 10 pages
+    admit(kv, first)
+    assert first.page_table == list(range(10))
+    kv.free(first)  # back on the free list after the 22 untouched pages, 9 first
+    seq = make_seq(list(range(100, 120)), request_id=1)  # 5 pages: the free list's front
+    admit(kv, seq)
+    assert seq.page_table == sorted(seq.page_table) == list(range(10, 15))
+    rest = make_seq(list(range(200, 300)), request_id=2)  # 25 pages: 17 untouched, then 8 of the freed, descending
+    admit(kv, rest)
+    assert rest.page_table == sorted(rest.page_table)
+    assert rest.page_table == [*range(2, 10), *range(15, 32)]

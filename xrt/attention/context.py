@@ -1,12 +1,17 @@
 """The per-step forward context: attention metadata and the backend, reached by layers through a
-ContextVar so the model's forward signature stays (input_ids, positions)."""
+ContextVar so the model's forward signature stays (input_ids, positions). `kv_ready` (eager steps only): per
+layer the event after which copies still running into that layer's KV pages are done (a KV tier's load,
+xrt.kvcache.device.KVArrivals); each attention layer waits for its own just before it reads the cache, so
+the first layers compute while the later layers' KV is still arriving."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+import torch
 
 from xrt.attention.backend import AttentionBackend
 from xrt.attention.metadata import AttentionMetadata
@@ -16,14 +21,21 @@ from xrt.attention.metadata import AttentionMetadata
 class ForwardContext:
     meta: AttentionMetadata
     backend: AttentionBackend
+    kv_ready: Sequence[torch.cuda.Event | None] | None = None
+
+    def wait_kv(self, layer_idx: int) -> None:
+        """Order this layer's attention after the copies into its KV pages (a no-op with none pending)."""
+        if self.kv_ready is not None and (event := self.kv_ready[layer_idx]) is not None:
+            torch.cuda.current_stream().wait_event(event)
 
 
 _CTX: ContextVar[ForwardContext | None] = ContextVar("xrt_forward_context", default=None)
 
 
 @contextlib.contextmanager
-def forward_context(meta: AttentionMetadata, backend: AttentionBackend) -> Iterator[ForwardContext]:
-    ctx = ForwardContext(meta, backend)
+def forward_context(meta: AttentionMetadata, backend: AttentionBackend,
+                    kv_ready: Sequence[torch.cuda.Event | None] | None = None) -> Iterator[ForwardContext]:
+    ctx = ForwardContext(meta, backend, kv_ready)
     token = _CTX.set(ctx)
     try:
         yield ctx

@@ -28,8 +28,8 @@ from xrt.executor.graphs.prefill_inputs import PrefillShapes
 from xrt.executor.interface import PendingTokens
 from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
-from xrt.executor.step import DecodeBatch, StepInput
-from xrt.kvcache.device import DeviceKVCache, KVLayout
+from xrt.executor.step import DecodeBatch, StepInput, as_decode
+from xrt.kvcache.device import DeviceKVCache, KVLayout, wait_all
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
 from xrt.models.checkpoint import resolve_checkpoint
@@ -41,6 +41,8 @@ from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_cla
 from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import init_tp
 from xrt.reflect import hf_values
+
+KVReady = tuple[torch.cuda.Event | None, ...]  # per layer (xrt.kvcache.device.KVArrivals.take)
 
 
 class ModelRunner:
@@ -148,24 +150,32 @@ class ModelRunner:
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, AttentionMetadata]:
         return build_metadata(step, self.page_size, self.device)
 
-    def forward_hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The model's forward pass in this step's forward context (the backend already planned)."""
-        with forward_context(meta, self.backend):
+    def forward_hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                       kv_ready: KVReady | None = None) -> torch.Tensor:
+        """The model's forward pass in this step's forward context (the backend already planned); kv_ready: per
+        layer, copies into its KV pages to wait for before it attends (KVArrivals.take)."""
+        with forward_context(meta, self.backend, kv_ready):
             return self.model(input_ids, meta.positions)
 
     def logits(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model.compute_logits(hidden[meta.logits_indices])
 
-    def run_model(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def run_model(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                  kv_ready: KVReady | None = None) -> torch.Tensor:
         """Plan, forward, and logits (model dtype) for the rows in meta.logits_indices."""
         self.backend.plan(meta)
-        return self.logits(self.forward_hidden(input_ids, meta), meta)
+        return self.logits(self.forward_hidden(input_ids, meta, kv_ready), meta)
 
-    def execute_eager(self, step: StepInput) -> torch.Tensor:
+    def execute_eager(self, step: StepInput, kv_ready: KVReady | None = None) -> torch.Tensor:
         """execute() without graphs: float32 logits of the chunks with needs_logits."""
         input_ids, meta = self.prepare(step)
         with torch.inference_mode():
-            return self.run_model(input_ids, meta).float()
+            return self.run_model(input_ids, meta, kv_ready).float()
+
+    def _take_arrivals(self) -> KVReady | None:
+        """Copies still running into the KV pages (a tier's load at admission), per layer; None when none."""
+        kv = getattr(self, "kv_cache", None)  # absent while sizing runs its measuring step
+        return kv.arrivals.take() if kv is not None else None
 
     # -- the Runner contract ----------------------------------------------------------------------
 
@@ -174,13 +184,17 @@ class ModelRunner:
         argmax, `last_argmax` holds the greedy token of each returned row (computed in the graph; a view
         valid until the next forward pass), else None."""
         self._num_passes += 1
+        step = as_decode(step)
+        kv_ready = self._take_arrivals()
         graphs = self.prefill_graphs if step.is_prefill else self.decode_graphs
-        replayed = graphs.run(step) if graphs is not None else None
+        # With KV still arriving the step runs eager, each layer waiting only for its own pages: a graph would
+        # have to wait for the whole load before its first layer.
+        replayed = graphs.run(step) if graphs is not None and kv_ready is None else None
         if replayed is not None:
             logits, self.last_argmax = replayed
             return logits
         self.last_argmax = None
-        return self.execute_eager(step)
+        return self.execute_eager(step, kv_ready)
 
     def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingDecode:
         """Stage the batch into the pinned inputs, replay the decode graph for its n sequences and start
@@ -195,6 +209,9 @@ class ModelRunner:
             raise ValueError(f"launch_decode: {n} sequences exceed the largest graph ({self.decode_capacity})")
         if after is not None and getattr(after, "seq_no", None) != self._num_passes:
             raise RuntimeError("launch_decode: `after` is not the previous forward pass; its tokens are gone")
+        kv_ready = self._take_arrivals()
+        if kv_ready is not None:  # not expected (loads come with prefill steps), but never read pages mid-copy
+            wait_all(kv_ready, torch.cuda.current_stream(self.device))
         pending = graphs.launch(batch, bucket, self._num_passes + 1)
         self._num_passes += 1
         self.last_argmax = None

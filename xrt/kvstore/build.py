@@ -62,4 +62,5 @@ def build_tiered(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | 
     l1 = build_l1(cfg, layout)
     l2 = build_l2(cfg, namespace, l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
     return TieredKVCacheManager(kv_cache.num_pages, kv.page_size, kv_cache.tensor, layout, namespace, l1, l2,
-                                cfg.cache.l2.load_policy, cfg.cache.l2.load_batch_mb, peers, cfg.cache.l2.prefetch)
+                                cfg.cache.l2.load_policy, cfg.cache.l2.load_batch_mb, peers, cfg.cache.l2.prefetch,
+                                kv_cache.arrivals)

@@ -9,10 +9,11 @@ the L2 copy (counted) rather than wait: a decode step never blocks on storage.
 Load: `lookup` takes the GPU prefix hit, then continues the chunk chain in L1, then L2, as far as the chunks
 are contiguous (and at least one token is left to compute); it returns a `TieredHit` whose num_tokens
 reaches past its GPU pages. `allocate` takes fresh pages for the rest as usual, then fills the tier chunks'
-pages: L1 chunks are scattered from their slots; L2 chunks are read into L1 slots in one NIXL transfer,
-verified, published in L1 and scattered. A chunk that fails (gone, bad checksum) ends the loaded prefix
-there: num_computed_tokens is cut back, so the scheduler prefills from that point. The scheduler is
-unchanged: it admits by hit.num_tokens and prefills from num_computed_tokens.
+pages: L2 chunks are read into L1 slots in NIXL transfers, verified and published in L1; then every chunk is
+copied up from its slot in one batch, layer group by layer group (copy.py), the next forward pass waiting for
+each layer's pages just before that layer reads them (the KV cache's arrivals). A chunk that fails (gone, bad
+checksum) ends the loaded prefix there: num_computed_tokens is cut back, so the scheduler prefills from that
+point. The scheduler is unchanged: it admits by hit.num_tokens and prefills from num_computed_tokens.
 
 Never slower than recomputing (policy.py, `cache.l2.load_policy=measured`): an L2 run whose estimated load
 time (bytes over the measured L2 bandwidth) exceeds recomputing its tokens (over the prefill rate the engine
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from xrt.config import L2LoadPolicy
+from xrt.kvcache.device import KVArrivals
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.manager import KVCacheManager
 from xrt.kvstore.chunk import ChunkLayout
@@ -76,13 +78,13 @@ class TieredKVCacheManager(KVCacheManager):
     def __init__(self, num_pages: int, page_size: int, kv: torch.Tensor, layout: ChunkLayout,
                  namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None,
                  load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256,
-                 peers: TierPeers | None = None, prefetch: bool = True) -> None:
+                 peers: TierPeers | None = None, prefetch: bool = True, arrivals: KVArrivals | None = None) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
         self.peers = peers
         self.chunk_tokens = layout.chunk_tokens
         self.ppc = layout.pages_per_chunk
-        self.copier = ChunkCopier(kv)
+        self.copier = ChunkCopier(kv, arrivals)
         self.stats = TierStats()
         self.policy = LoadPolicy()
         self.measured = load_policy is L2LoadPolicy.MEASURED
@@ -252,7 +254,8 @@ class TieredKVCacheManager(KVCacheManager):
 
     def _wait_written(self, key: bytes, chunks_left: int) -> tuple[int, int | None] | None:
         """The chunk being written into L1 (prefetch, gather), acquired once written; None when that takes
-        longer than recomputing the chunks from here on would (or it failed)."""
+        longer than recomputing the chunks from here on would (counted: skipped_slow when the policy declines to
+        wait, abandoned_loads when the wait runs out) or the write failed."""
         if any(k == key for *_, k in self._gathers):
             # this thread's own gather (CUDA): only _reap publishes it, so wait for its copy here, not for a
             # publish that would never come while this thread waits
@@ -267,12 +270,19 @@ class TieredKVCacheManager(KVCacheManager):
         n = min(chunks_left, self.load_batch)
         tokens, nbytes = n * self.chunk_tokens, n * self.layout.nbytes
         if self.measured and not self.policy.worth_loading(tokens, nbytes):
+            self.stats.skipped_slow += 1
             return None
         limit = self.policy.deadline_s(tokens, nbytes) if self.measured else 600.0
         start = time.perf_counter()
         got = self.l1.acquire_when_written(key, limit)
         self.stats.prefetch_wait_s += time.perf_counter() - start
+        if got is None and self.l1.writing(key):
+            self.stats.abandoned_loads += 1
         return got
+
+    def _decisions(self) -> int:
+        """Loads the policy cut short so far (a recompute chosen, not a failure)."""
+        return self.stats.skipped_slow + self.stats.abandoned_loads
 
     def lookup(self, token_ids: list[int]) -> PrefixHit:
         self._reap()
@@ -359,34 +369,44 @@ class TieredKVCacheManager(KVCacheManager):
         cut = False  # the L2 part was cut short by the policy or a full L1: not a failure
         if l2_chunks:
             slots, cut = self._read_l2(l2_chunks)
+        scatters: list[tuple[torch.Tensor, list[int], str]] = []  # (slot view, pages, tier) of each chunk
+        held: list[int] = []  # their slots, referenced until the copies are done
         for i, (c, key, tier) in enumerate(hit.chunks):
+            decided = False  # the policy chose to recompute from here (counted where it chose)
             if tier == L1:
                 got = self.l1.acquire(key)
                 if got is None:  # a prefetch (or a gather) still writing it: wait, but never past recomputing
+                    before = self._decisions()
                     got = self._wait_written(key, len(hit.chunks) - i)
+                    decided = self._decisions() > before
                 slot = got[0] if got is not None else None
             else:
                 slot = slots.pop(c, None)
+                decided = cut
             if slot is None:
-                if tier == L1 or not cut:
+                if not decided:
                     self.stats.failed_loads += 1
                 break
             if tier == L1 and self.prefetcher is not None and self.prefetcher.take_loaded(key):
                 tier = L2  # a prefetch brought it up from L2 ahead of admission
-            done = None
-            try:
-                pages = seq.page_table[c * self.ppc : (c + 1) * self.ppc]
-                skip = max(0, gpu_pages - c * self.ppc)  # pages of this chunk the GPU hit shares already
-                done = self.copier.scatter(self.l1.slot_view(slot)[:, skip:], pages[skip:], tier)
-                if done is not None:
-                    # the next forward pass (on the compute stream) reads these pages
-                    torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
-            finally:
+            pages = seq.page_table[c * self.ppc : (c + 1) * self.ppc]
+            skip = max(0, gpu_pages - c * self.ppc)  # pages of this chunk the GPU hit shares already
+            scatters.append((self.l1.slot_view(slot)[:, skip:], pages[skip:], tier))
+            held.append(slot)
+            tiers.append(tier)
+        done = None
+        try:
+            # one copy of every chunk, layer group by layer group: the next forward pass waits per layer
+            # (the KV cache's arrivals), or here for all of it where the copier has no arrivals
+            done = self.copier.scatter_chunks(scatters)
+            if done is not None and self.copier.arrivals is None:
+                torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
+        finally:
+            for slot in held:
                 if done is None:
                     self.l1.release(slot)
                 else:  # the copy up still reads the slot: an L2 read must not reuse it before it is done
                     self._scatters.append((done, slot))
-            tiers.append(tier)
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
         return tiers

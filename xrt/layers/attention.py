@@ -28,12 +28,15 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
-        torch.ops.xrt.store_kv(k, v, self.kv_cache, get_forward_context().meta.slot_mapping)
+        ctx = get_forward_context()
+        ctx.wait_kv(self.layer_idx)
+        torch.ops.xrt.store_kv(k, v, self.kv_cache, ctx.meta.slot_mapping)
         return self.attend(q, k, v)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
         """Attention over the cache, which already holds this step's K/V (k and v: the same values)."""
         ctx = get_forward_context()
+        ctx.wait_kv(self.layer_idx)
         return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale, k, v)
 
 
@@ -74,6 +77,9 @@ class QKNormSelfAttention(nn.Module):
         t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
+        # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the copy
+        # fills was handed to another sequence since (preemption)
+        ctx.wait_kv(attn.layer_idx)
         torch.ops.xrt.qk_norm_rope_store_kv(
             qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
             ctx.meta.slot_mapping, h, kv, d, self.eps,
