@@ -45,3 +45,27 @@ def test_a_one_token_prefill_replays_the_decode_graph() -> None:
     two = StepInput(True, [SeqChunk(prompts[0][-2:], len(prompts[0]) - 2, tables[0])])
     runner.execute(two)
     assert runner.last_argmax is None  # a prefill of two tokens runs eager
+
+
+def test_graphs_that_wait_for_kv_loads_serve_only_small_buckets() -> None:
+    """The decode graphs captured with per-layer waits (here no events: CPU) give the plain graph's logits, for the
+    buckets up to WAITING_MAX_BATCH; a bigger step finds none (the runner then runs it eager)."""
+    from xrt.executor.graphs.decode import WAITING_MAX_BATCH
+
+    model = attrs.evolve(tiny_model_args(), load_format=LoadFormat.DUMMY, max_model_len=64)
+    cfg = XrtConfig(model=model, device=Device.CPU, executor=ExecutorArgs(kind=ExecutorKind.CUDAGRAPH, max_batch=8),
+                    cache=CacheArgs(page_size=4, num_pages=64), seed=4)
+    runner = ModelRunner(cfg, capture=RerunCapture())
+    graphs = runner.decode_graphs
+    assert graphs is not None and graphs.waiting == {}  # cache.tiers=gpu: no loads to wait for
+    graphs.capture(waits=(None,) * model.num_hidden_layers)
+    assert sorted(graphs.waiting) == [b for b in (1, 2, 4, 8) if b <= WAITING_MAX_BATCH]
+    steps = [StepInput(False, [SeqChunk([3 + i], 2 + i, [i]) for i in range(n)]) for n in (1, 3, 6)]
+    for step in steps[:2]:
+        want = graphs.run(step)
+        assert want is not None
+        want_logits = want[0].clone()
+        got = graphs.run(step, waiting=True)
+        assert got is not None
+        torch.testing.assert_close(got[0], want_logits, rtol=0, atol=0)
+    assert graphs.run(steps[2], waiting=True) is None and graphs.run(steps[2]) is not None

@@ -40,3 +40,66 @@ def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path)
     assert torch.equal(kv[:, 0], before[:, 5]) and torch.equal(kv[:, 11], before[:, 2])
     assert torch.equal(kv[:, 1:11], before[:, 1:11])
     l2.close()
+
+
+def test_copies_go_through_the_cuda_runtime(device: torch.device) -> None:
+    """torch's own libcudart is found and used for the strided copies (not the per-layer tensor fallback)."""
+    from xrt.kvstore.memcpy import CudaCopy
+
+    kv = torch.zeros((LAYOUT.kv.num_layers, 4, 2, 4, 2, 8), device=device, dtype=LAYOUT.kv.dtype)
+    copier = ChunkCopier(kv)
+    assert isinstance(copier._copy, CudaCopy) and copier._copy.max_pitch > 0
+
+
+def test_a_load_records_each_layer_groups_arrival(device: torch.device) -> None:
+    """scatter_chunks over several chunks (runs, scattered pages, a skipped prefix) equals index_copy_; each
+    layer gets its group's event in the arrivals (the same events a graph captures its waits on)."""
+    import random
+
+    from xrt.kvcache.device import KVArrivals, KVLayout
+    from xrt.kvstore.chunk import ChunkLayout
+
+    layout = ChunkLayout(KVLayout(num_layers=7, page_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16), 64)
+    pages_total = 64
+    kv = torch.randn((7, pages_total, 2, 16, 8, 128), device=device).to(torch.bfloat16)
+    want = kv.clone()
+    arrivals = KVArrivals(7, device, groups=3)
+    copier = ChunkCopier(kv, arrivals)
+    l1 = L1Cache(layout, 3 * layout.nbytes)
+    rng = random.Random(0)
+    free = list(range(pages_total))
+    rng.shuffle(free)
+    chunks = []
+    for i, skip in enumerate([0, 1, 0]):
+        slot = l1.reserve(key(i))
+        l1.slot_view(slot).copy_(torch.randn(layout.shape).to(torch.bfloat16))
+        n = layout.pages_per_chunk - skip
+        pages = sorted(free[:n]) if i != 2 else free[:n]
+        free = free[n:]
+        view = l1.slot_view(slot)[:, skip:]
+        want.index_copy_(1, torch.tensor(pages, device=device), view.to(device))
+        chunks.append((view, pages, "l1"))
+    done = copier.scatter_chunks(chunks)
+    ready = arrivals.take()
+    assert ready is not None and arrivals.take() is None
+    assert ready == arrivals.graph_waits() and len({id(e) for e in ready}) == 3  # layers 0-1, 2-4, 5-6
+    assert ready[0] is ready[1] and ready[2] is ready[3] is ready[4] and ready[5] is ready[6]
+    done.synchronize()
+    assert torch.equal(kv, want)
+
+
+def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device) -> None:
+    """A KV cache of more than 2 GiB a layer (the device's largest cudaMemcpy2D pitch): rows one by one."""
+    pages = (2 << 30) // (2 * 16 * 8 * 128 * 2) + 8  # just over 2 GiB a layer, bf16 pages of 64 KiB
+    kv = torch.zeros((2, pages, 2, 16, 8, 128), device=device, dtype=torch.bfloat16)
+    copier = ChunkCopier(kv)
+    assert kv.stride(0) * 2 > copier._copy.max_pitch  # type: ignore[union-attr]
+    slot = torch.randn((2, 3, 2, 16, 8, 128)).to(torch.bfloat16).pin_memory()
+    ids = [pages - 3, pages - 2, pages - 1]
+    copier.scatter(slot, ids).synchronize()
+    assert torch.equal(kv[:, pages - 3 :].cpu(), slot)
+    back = torch.zeros_like(slot).pin_memory()
+    copier.gather(ids, back).synchronize()
+    assert torch.equal(back, slot)
+    del kv
+    torch.cuda.empty_cache()

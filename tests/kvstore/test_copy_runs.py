@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from xrt.kvcache.device import KVArrivals, KVLayout
+from xrt.kvcache.device import KVArrivals, KVLayout, layer_groups
 from xrt.kvstore.chunk import ChunkLayout
-from xrt.kvstore.copy import ChunkCopier, layer_groups, page_runs
+from xrt.kvstore.copy import ChunkCopier, page_runs
 from xrt.kvstore.l1 import L1Cache
 
 PAGES = 40
@@ -117,12 +117,10 @@ def test_a_slot_of_another_layout_is_refused() -> None:
         ChunkCopier(kv.transpose(0, 1))
 
 
-def test_arrivals_keep_each_layers_latest_event_until_taken() -> None:
-    arrivals = KVArrivals(4)
-    assert not arrivals.pending and arrivals.take() is None
-    first, second = object(), object()  # stand-ins: KVArrivals only keeps and hands back the events
-    arrivals.add(0, 2, first)  # type: ignore[arg-type]
-    arrivals.add(1, 3, second)  # type: ignore[arg-type]
-    assert arrivals.pending
-    assert arrivals.take() == (first, second, second, None)
-    assert not arrivals.pending and arrivals.take() is None
+def test_arrivals_on_cpu_hold_the_groups_and_nothing_pending() -> None:
+    """On CPU a load's copies are done when they return: nothing is ever pending (the CUDA side: test_copy_gpu)."""
+    arrivals = KVArrivals(7, torch.device("cpu"), groups=3)
+    assert arrivals.groups == [(0, 2), (2, 5), (5, 7)]
+    assert not arrivals.pending and arrivals.take() is None and arrivals.events == []
+    kv = kv_of(layout_of(torch.float32, layers=7), 4)
+    assert ChunkCopier(kv, arrivals).groups == arrivals.groups

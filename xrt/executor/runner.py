@@ -6,6 +6,7 @@ where a step fits; everything else runs eager."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -16,7 +17,7 @@ from xrt.attention.backend import AttentionBackend, AttentionShape
 from xrt.attention.context import forward_context
 from xrt.attention.metadata import AttentionMetadata
 from xrt.attention.select import make_backend
-from xrt.config import Device, ExecutorKind, ModelArgs, XrtConfig
+from xrt.config import Device, ExecutorKind, KVTiers, ModelArgs, XrtConfig
 from xrt.executor.buckets import Buckets
 from xrt.executor.device import resolve_device, resolve_dtype
 from xrt.executor.graphs.capture import CaptureStrategy, CudaGraphCapture
@@ -29,6 +30,7 @@ from xrt.executor.interface import PendingTokens
 from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput, as_decode
+from xrt.kernels.settings import pdl_paused
 from xrt.kvcache.device import DeviceKVCache, KVLayout, wait_all
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
@@ -137,7 +139,8 @@ class ModelRunner:
         parts = GraphParts(self.model, self.backend, capture, self.device, self.page_size, ex.capture_sampling)
         buckets = Buckets.from_args(ex)
         self.decode_graphs = DecodeGraphs(parts, buckets, self.max_pages_per_seq, ex.staging_loop_max_rows)
-        self.decode_graphs.capture()
+        self.decode_graphs.capture(self.kv_cache.arrivals.graph_waits() if self.cfg.cache.tiers is not KVTiers.GPU
+                                   else None)
         # The engine launches greedy decode steps itself (launch_decode) up to this many sequences.
         self.decode_capacity = buckets.largest if ex.capture_sampling else 0
         if prefill_shapes is not None:
@@ -169,7 +172,7 @@ class ModelRunner:
     def execute_eager(self, step: StepInput, kv_ready: KVReady | None = None) -> torch.Tensor:
         """execute() without graphs: float32 logits of the chunks with needs_logits."""
         input_ids, meta = self.prepare(step)
-        with torch.inference_mode():
+        with torch.inference_mode(), pdl_paused() if kv_ready is not None else contextlib.nullcontext():
             return self.run_model(input_ids, meta, kv_ready).float()
 
     def _take_arrivals(self) -> KVReady | None:
@@ -187,9 +190,13 @@ class ModelRunner:
         step = as_decode(step)
         kv_ready = self._take_arrivals()
         graphs = self.prefill_graphs if step.is_prefill else self.decode_graphs
-        # With KV still arriving the step runs eager, each layer waiting only for its own pages: a graph would
-        # have to wait for the whole load before its first layer.
-        replayed = graphs.run(step) if graphs is not None and kv_ready is None else None
+        # With KV still arriving, a decode step replays the graph whose layers wait each for their own pages (or
+        # runs eager, waiting the same way): a plain graph would wait for the whole load before its first layer.
+        replayed = None
+        if graphs is not None and kv_ready is None:
+            replayed = graphs.run(step)
+        elif self.decode_graphs is not None and not step.is_prefill:
+            replayed = self.decode_graphs.run(step, waiting=True)
         if replayed is not None:
             logits, self.last_argmax = replayed
             return logits

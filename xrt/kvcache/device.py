@@ -50,33 +50,57 @@ class KVLayout:
         return (num_pages, 2, self.page_size, self.num_kv_heads, self.head_dim)
 
 
+# Layer groups of a tier's load: the first layer waits for 1/LAYER_GROUPS of the copy, and each group is one
+# copy per page run of each chunk (6 groups x 32 chunks = 192 calls for an 8k-token prefix, ~3 us each).
+LAYER_GROUPS = 6
+
+
+def layer_groups(num_layers: int, groups: int = LAYER_GROUPS) -> list[tuple[int, int]]:
+    """[first, end) layer ranges of about equal size, in order."""
+    n = max(1, min(groups, num_layers))
+    bounds = [round(g * num_layers / n) for g in range(n + 1)]
+    return [(bounds[g], bounds[g + 1]) for g in range(n)]
+
+
 class KVArrivals:
-    """Per layer, the event of the last copy into its pages that the next forward pass must wait for (None:
-    nothing pending). Copies are recorded on one side stream in order, so the latest event of a layer covers
-    every earlier copy into it. The writer calls `add`; the runner `take`s them all before a forward pass
-    (eager: each layer waits for its own, ForwardContext.wait_kv; a replayed graph: for all of them first)."""
+    """Copies into the pages that the next forward pass must wait for, per layer group: one CUDA event per
+    group, made once and recorded again by every load (`record`), so a CUDA graph captured waiting on them
+    (`graph_waits`: external events, whose waits a graph keeps as nodes) waits at replay for the latest load.
+    Copies are recorded on one side stream in order, so a group's latest record covers every earlier copy
+    into it. The runner `take`s what is pending before a forward pass: eager, each layer waits for its own
+    group (ForwardContext.wait_kv); a graph captured with the waits replays them; any other waits for all."""
 
-    def __init__(self, num_layers: int) -> None:
-        self._ready: list[torch.cuda.Event | None] = [None] * num_layers
-        self._pending = False
+    def __init__(self, num_layers: int, device: torch.device, groups: int = LAYER_GROUPS) -> None:
+        self.groups = layer_groups(num_layers, groups)
+        self._layer_group = [g for g, (first, end) in enumerate(self.groups) for _ in range(first, end)]
+        self.events: list[torch.cuda.Event] = []
+        if device.type == "cuda":
+            self.events = [torch.cuda.Event(external=True) for _ in self.groups]
+            for event in self.events:  # created on its first record: a wait captured before that would be none
+                event.record(torch.cuda.current_stream(device))
+        self._pending: set[int] = set()
 
-    def add(self, first_layer: int, end_layer: int, event: torch.cuda.Event) -> None:
-        """Layers first_layer .. end_layer - 1 hold the copied pages once `event` completes."""
-        for layer in range(first_layer, end_layer):
-            self._ready[layer] = event
-        self._pending = True
+    def record(self, group: int, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        """The group's layers hold the copies queued on `stream` so far once the returned event completes."""
+        event = self.events[group]
+        event.record(stream)
+        self._pending.add(group)
+        return event
 
     @property
     def pending(self) -> bool:
-        return self._pending
+        return bool(self._pending)
+
+    def graph_waits(self) -> tuple[torch.cuda.Event, ...] | None:
+        """Every layer's group event, for capturing a graph that waits on them; None on CPU (no events)."""
+        return tuple(self.events[g] for g in self._layer_group) if self.events else None
 
     def take(self) -> tuple[torch.cuda.Event | None, ...] | None:
         """Each layer's event (None where nothing is pending), or None when nothing is; cleared."""
         if not self._pending:
             return None
-        ready = tuple(self._ready)
-        self._ready = [None] * len(self._ready)
-        self._pending = False
+        ready = tuple(self.events[g] if g in self._pending else None for g in self._layer_group)
+        self._pending.clear()
         return ready
 
 
@@ -95,7 +119,7 @@ class DeviceKVCache:
     def __init__(self, layers: Sequence[KVLayer], layout: KVLayout, num_pages: int, device: torch.device) -> None:
         self.layout = layout
         self.num_pages = num_pages
-        self.arrivals = KVArrivals(layout.num_layers)
+        self.arrivals = KVArrivals(layout.num_layers, torch.device(device))
         self.tensor = torch.zeros(
             (layout.num_layers, *layout.layer_shape(num_pages)), dtype=layout.dtype, device=device
         )

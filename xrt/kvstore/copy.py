@@ -8,9 +8,9 @@ with no index tensor, no device temporary and nothing that blocks the host.
 
 On CUDA both directions run on a side stream, so a decode step on the compute stream never waits for them.
 `gather` first makes the side stream wait for the compute stream (the pages' KV was written there).
-`scatter_chunks` (a load) copies layer group by layer group (LAYER_GROUPS of them, every chunk of the load
-in each), and records an event per group into the KV cache's `KVArrivals`: the next forward pass waits for
-each layer's group just before that layer attends, so the first layers compute while the last ones' KV is
+`scatter_chunks` (a load) copies layer group by layer group (the KV cache's `KVArrivals` groups, every chunk
+of the load in each), and records each group's event there: the next forward pass waits for each layer's
+group just before that layer attends, so the first layers compute while the last ones' KV is
 still on its way (an 8k-token Qwen3-8B prefix is 1.2 GB, ~22 ms at the H200's 55 GB/s). Without arrivals
 the caller orders the compute stream after the returned event itself. Both return the CUDA event that marks
 the end of the copies, or None on CPU where they are done when they return. The caller keeps the pages (and
@@ -27,12 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from xrt.kvcache.device import KVArrivals
+from xrt.kvcache.device import LAYER_GROUPS, KVArrivals, layer_groups
 from xrt.kvstore.memcpy import D2H, H2D, CudaCopy, HostCopy, StridedCopy
-
-# Layer groups of a load: the first layer waits for 1/LAYER_GROUPS of the copy, and each group is one copy
-# per page run of each chunk (6 groups x 32 chunks = 192 calls for an 8k-token prefix, ~3 us each).
-LAYER_GROUPS = 6
 
 Run = tuple[int, int, int]  # (first page's index in the chunk, its page id, pages)
 
@@ -49,20 +45,14 @@ def page_runs(page_ids: Sequence[int]) -> list[Run]:
     return runs
 
 
-def layer_groups(num_layers: int, groups: int = LAYER_GROUPS) -> list[tuple[int, int]]:
-    """[first, end) layer ranges of about equal size, in order."""
-    n = max(1, min(groups, num_layers))
-    bounds = [round(g * num_layers / n) for g in range(n + 1)]
-    return [(bounds[g], bounds[g + 1]) for g in range(n)]
-
-
 class ChunkCopier:
     def __init__(self, kv: torch.Tensor, arrivals: KVArrivals | None = None, groups: int = LAYER_GROUPS) -> None:
         if not kv.is_contiguous():
             raise ValueError("ChunkCopier needs the contiguous KV tensor [layers, pages, ...]")
         self.kv = kv
         self.arrivals = arrivals
-        self.groups = layer_groups(kv.shape[0], groups)
+        # a load's layer groups: the arrivals' own (each has its event), else `groups` of them
+        self.groups = arrivals.groups if arrivals is not None else layer_groups(kv.shape[0], groups)
         self.page_bytes = kv[0, 0].numel() * kv.element_size()
         self.stream = torch.cuda.Stream(device=kv.device) if kv.device.type == "cuda" else None
         self._copy: StridedCopy | None = HostCopy()
@@ -166,13 +156,12 @@ class ChunkCopier:
                 for slot, runs in plans:
                     for run in runs:
                         self._rows(slot, run, layers, H2D)
-                last = g == len(self.groups) - 1
-                event = torch.cuda.Event(enable_timing=last)
-                event.record(self.stream)
                 if self.arrivals is not None:
-                    self.arrivals.add(*layers, event)
-        self._timed.append((start, event, tags))
-        return event
+                    self.arrivals.record(g, self.stream)
+            done = torch.cuda.Event(enable_timing=True)
+            done.record(self.stream)
+        self._timed.append((start, done, tags))
+        return done
 
 
 def _shares(tags: dict[str, int], seconds: float) -> list[tuple[str, int, float]]:

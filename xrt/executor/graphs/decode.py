@@ -8,6 +8,7 @@ table into the static buffers the graph reads)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,14 @@ from xrt.executor.graphs.decode_inputs import (
 )
 from xrt.executor.graphs.parts import GraphParts
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kernels.settings import pdl_paused
 from xrt.log import get_logger
 from xrt.units import GiB
 
 log = get_logger(__name__)
+# Buckets that also get a graph waiting for KV loads: a load comes with the admission of a few prompts.
+WAITING_MAX_BATCH = 4
+Waits = Sequence[torch.cuda.Event | None]  # per layer (KVArrivals.graph_waits)
 
 
 @dataclass
@@ -47,6 +52,7 @@ class DecodeGraphs:
         self.loop_max_rows = loop_max_rows
         self.inputs = DecodeInputs(buckets.largest, max_pages_per_seq, parts.device)
         self.graphs: dict[int, DecodeGraph] = {}
+        self.waiting: dict[int, DecodeGraph] = {}  # graphs whose layers wait on the KV loads' events
 
     def _meta(self, bucket: int, bufs: GraphDecodeBuffers) -> AttentionMetadata:
         """Metadata the layers read inside the graph: views of the static inputs and of the backend's
@@ -79,17 +85,21 @@ class DecodeGraphs:
     def _prepare_capture(self, bucket: int) -> None:
         self._prepare(bucket, stage_capture_rows(self.inputs.wait_writable(), bucket))
 
-    def _body(self, bucket: int, meta: AttentionMetadata) -> torch.Tensor:
-        """The captured computation: input ids gathered from the token pool, model forward, lm_head
-        into the static logits (model dtype), and greedy argmax into the token pool."""
+    def _body(self, bucket: int, meta: AttentionMetadata, waits: Waits | None = None) -> torch.Tensor:
+        """The captured computation: input ids gathered from the token pool, model forward (each layer first
+        waiting on its KV event, with waits), lm_head into the static logits (model dtype), and greedy argmax
+        into the token pool."""
         inp = self.inputs
         input_ids = inp.token_pool.index_select(0, inp.sources[:bucket])
-        hidden = self.parts.forward(input_ids, meta)
+        hidden = self.parts.forward(input_ids, meta, waits)
         logits = self.static_logits[:bucket]
         self.parts.logits_into(hidden, logits, inp.argmax[:bucket])
         return logits
 
-    def capture(self) -> None:
+    def capture(self, waits: Waits | None = None) -> None:
+        """Every bucket's graph; with `waits` (the KV cache's KVArrivals.graph_waits), also a second graph of
+        each bucket up to WAITING_MAX_BATCH whose layers wait on those events, for the step right after a KV
+        tier's load (a prompt whose prefix came from L1/L2): its first layers run while the rest still copies."""
         sizes = sorted(self.buckets.sizes, reverse=True)
         parts = self.parts
         with measured(parts.capture) as took:
@@ -101,34 +111,44 @@ class DecodeGraphs:
                 parts.capture, sizes, self._prepare_capture, lambda b: self._body(b, metas[b]),
                 "capturing decode CUDA graphs",
             )
+            waiting_sizes = [b for b in sizes if b <= WAITING_MAX_BATCH] if waits is not None else []
+            if waiting_sizes:
+                with pdl_paused():  # a PDL launch behind an event wait would not overlap it (settings.py)
+                    waiting = capture_each(
+                        parts.capture, waiting_sizes, self._prepare_capture,
+                        lambda b: self._body(b, metas[b], waits), "capturing decode CUDA graphs that wait for KV loads",
+                    )
+                self.waiting = {b: DecodeGraph(graph, logits) for b, (graph, logits) in waiting.items()}
         self.graphs = {b: DecodeGraph(graph, logits) for b, (graph, logits) in captured.items()}
         log.info(
-            f"captured {len(sizes)} decode CUDA graphs (batch {sizes[-1]}..{sizes[0]}) in "
-            f"{took.seconds:.1f} s using {took.bytes / GiB:.3f} GiB"
+            f"captured {len(sizes) + len(waiting_sizes)} decode CUDA graphs (batch {sizes[-1]}..{sizes[0]}"
+            + (f", and {len(waiting_sizes)} waiting for KV loads" if waiting_sizes else "")
+            + f") in {took.seconds:.1f} s using {took.bytes / GiB:.3f} GiB"
         )
 
-    def stage(self, batch: DecodeBatch, bucket: int) -> DecodeGraph:
-        """Stage the batch padded to `bucket`, upload it and prepare the attention: the bucket's graph is
-        ready to replay (scripts replay it again and again to time it)."""
+    def stage(self, batch: DecodeBatch, bucket: int, waiting: bool = False) -> DecodeGraph:
+        """Stage the batch padded to `bucket`, upload it and prepare the attention: the bucket's graph (the one
+        waiting for KV loads, with `waiting`) is ready to replay (scripts replay it again and again to time it)."""
         st = self.inputs.wait_writable()
         num_indices = stage_decode(st, batch, bucket, self.parts.page_size, self.loop_max_rows)
         self._prepare(bucket, num_indices)
-        return self.graphs[bucket]
+        return (self.waiting if waiting else self.graphs)[bucket]
 
-    def _replay(self, batch: DecodeBatch, bucket: int) -> DecodeGraph:
-        entry = self.stage(batch, bucket)
+    def _replay(self, batch: DecodeBatch, bucket: int, waiting: bool = False) -> DecodeGraph:
+        entry = self.stage(batch, bucket, waiting)
         entry.graph.replay()
         return entry
 
-    def run(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def run(self, step: StepInput, waiting: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Replay a decode step: (float32 logits of the chunks with needs_logits, their greedy tokens or
         None without argmax; views valid until the next forward pass), or None when the step is above the
-        largest bucket (run it eager)."""
+        largest bucket (run it eager). waiting: KV loads are still copying (KVArrivals), so only a graph that
+        waits for them will do (None where the bucket has none)."""
         n = len(step.seqs)
         bucket = self.buckets.bucket_for(n)
-        if bucket is None:
+        if bucket is None or (waiting and bucket not in self.waiting):
             return None
-        entry = self._replay(decode_batch(step), bucket)
+        entry = self._replay(decode_batch(step), bucket, waiting)
         argmax = self.inputs.argmax if self.parts.argmax else None
         rows = [i for i, chunk in enumerate(step.seqs) if chunk.needs_logits]
         if len(rows) == n:

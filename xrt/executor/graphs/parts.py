@@ -4,6 +4,7 @@ logits, greedy argmax), so that lives here once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,8 +40,9 @@ class GraphParts:
         head = self.model.lm_head
         return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)  # type: ignore[arg-type]
 
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        with forward_context(meta, self.backend):
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                kv_ready: Sequence[torch.cuda.Event | None] | None = None) -> torch.Tensor:
+        with forward_context(meta, self.backend, kv_ready):
             return self.model(input_ids, meta.positions)
 
     def logits_into(self, hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor) -> None:
