@@ -60,7 +60,7 @@ def test_graphs_that_wait_for_kv_loads_serve_only_small_buckets() -> None:
     assert graphs is not None and graphs.waiting == {}  # cache.tiers=gpu: no loads to wait for
     graphs.capture(waits=(None,) * model.num_hidden_layers)
     assert sorted(graphs.waiting) == [b for b in (1, 2, 4, 8) if b <= WAITING_MAX_BATCH]
-    steps = [StepInput(False, [SeqChunk([3 + i], 2 + i, [i]) for i in range(n)]) for n in (1, 3, 6)]
+    steps = [StepInput(False, [SeqChunk([3 + i], 1 + i % 3, [i]) for i in range(n)]) for n in (1, 3, 6)]
     for step in steps[:2]:
         want = graphs.run(step)
         assert want is not None
