@@ -1,11 +1,14 @@
 """Measure the KV tiers on this machine: crc32, GPU/CPU pages <-> L1 copies, L1 <-> L2 (NIXL) stores and loads.
 
     PYTHONPATH=. python scripts/kvstore_bench.py [--chunks 16] [--dir /tmp/kvbench] [--backend GDS]
-        [--backend-param use_uring=true] [--load-batch 8] [--drop-cache]
+        [--backend-param use_uring=true] [--load-batch 8] [--drop-cache] [--buffered]
 
 Chunks have the Qwen3-0.6B shape (28 layers, 8 KV heads, head_dim 128, bf16, 256 tokens: 28 MiB each). L2
-loads right after stores read from the page cache; `--drop-cache` drops the chunk files from it first
-(posix_fadvise DONTNEED: no root needed) to time the disk."""
+loads read with O_DIRECT (cache.l2.direct_io; where the filesystem takes it), from the disk, once the kernel
+has written the stores' dirty pages back: right after the stores that writeback is in the load's time
+(`--drop-cache` syncs first). With `--buffered` loads right after stores read from the page cache;
+`--drop-cache` syncs and drops the chunk files from it first (posix_fadvise DONTNEED: no root needed) to time
+the disk."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--dir", default="")
     ap.add_argument("--backend-param", action="append", default=[])
     ap.add_argument("--drop-cache", action="store_true")
+    ap.add_argument("--buffered", action="store_true", help="cache.l2.direct_io=false: loads through the page cache")
     ap.add_argument("--backend", default="POSIX", choices=[b.value for b in L2Backend])
     ap.add_argument("--load-batch", type=int, default=0, help="chunks per load transfer (0: --batch)")
     a = ap.parse_args()
@@ -70,7 +74,8 @@ def main() -> None:
 
     root = a.dir or tempfile.mkdtemp(prefix="kvbench-")
     params = dict(p.split("=", 1) for p in a.backend_param)
-    args = L2Args(path=root, backend=L2Backend(a.backend), backend_params=params, size_gb=1e3)
+    args = L2Args(path=root, backend=L2Backend(a.backend), backend_params=params, size_gb=1e3,
+                  direct_io=not a.buffered)
     l2 = L2Store(args, root, "be" * 32, l1)
     l2.clear()
     items = [(i.to_bytes(32, "little"), s, c) for i, (s, c) in enumerate(zip(slots, crcs, strict=True))]
@@ -88,7 +93,8 @@ def main() -> None:
     lb = a.load_batch or a.batch
     for b in range(0, n, lb):
         assert None not in l2.load([(k, s) for k, s, _ in items[b : b + lb]]).crcs
-    print(f"L2 load + crc check ({'cold' if a.drop_cache else 'page cache'}):", gbps(n * nb, time.perf_counter() - t))
+    how = "O_DIRECT" if l2.direct else "cold" if a.drop_cache else "page cache"
+    print(f"L2 load + crc check ({how}):", gbps(n * nb, time.perf_counter() - t))
     l2.clear()
     l2.close()
 

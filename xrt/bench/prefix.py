@@ -61,6 +61,7 @@ from xrt.bench.tiers import (
 from xrt.bench.workload import WARMUP_REP, random_prompts
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.kvstore.stats import is_level
 from xrt.units import GB
 
 OUTPUT_TOKENS = 4  # generated per measured request: TTFT is the first, the rest compare the phases' outputs
@@ -272,7 +273,7 @@ def _measure_length(
 
 def _add(total: dict[str, float], diff: dict[str, float]) -> None:
     for k, v in diff.items():
-        total[k] = max(total.get(k, v), v) if k.endswith("_max") else total.get(k, 0) + v
+        total[k] = max(total.get(k, v), v) if is_level(k) else total.get(k, 0) + v
 
 
 def l2_choice(l2_tokens: int, whole: int) -> str:

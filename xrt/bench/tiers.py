@@ -17,6 +17,7 @@ from xrt.bench.latency import free_memory
 from xrt.bench.setup import BenchError
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device
+from xrt.kvstore.stats import is_level
 
 TIERS = ("gpu", "l1", "l2")
 # The bench's L2 chunks go in a directory of their own under cache.l2.path (or bench.out_dir), made empty at the
@@ -96,8 +97,9 @@ def stats_snapshot(engine: Engine) -> dict[str, float]:
 
 
 def stats_diff(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
-    """What a phase added to each counter; a high-water mark (`*_max`) is its value after the phase."""
-    return {k: v if k.endswith("_max") else v - before.get(k, 0) for k, v in after.items()}
+    """What a phase added to each counter; a state (a high-water mark `*_max`, how L2 reads: stats.is_level) is
+    its value after the phase."""
+    return {k: v if is_level(k) else v - before.get(k, 0) for k, v in after.items()}
 
 
 def served_by_tier(outs: Sequence[Output]) -> dict[str, int]:

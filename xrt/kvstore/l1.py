@@ -7,6 +7,7 @@ so a transfer in flight never sees its bytes reused. Each published chunk keeps 
 once known: given at publish when it came from L2 (verified there), else computed on first use by
 `checksum_of` (the L2 writer thread asks, so the scheduler's thread never spends the ~10 ms a 28 MiB chunk
 costs, and cache=l1 alone never computes one).
+The buffer starts on a 4096-byte boundary (ALIGN), so L2 can read into its slots with O_DIRECT (l2.py).
 Thread-safe: the storing thread and the scheduler's thread share it."""
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import torch
 
 from xrt.kvstore.chunk import ChunkLayout, checksum
 
+# O_DIRECT wants the buffer, file offsets and lengths on the device's logical block size; 4096 covers every
+# disk in use (512 or 4096). Pinned memory (cudaHostAlloc) is page-aligned; plain torch.empty only 64-byte.
+ALIGN = 4096
+
 
 @attrs.define
 class _Entry:
@@ -30,6 +35,14 @@ class L1Full(RuntimeError):
     """Every slot is referenced: nothing can be evicted for a new chunk."""
 
 
+def aligned_empty(nbytes: int, pin: bool) -> torch.Tensor:
+    """nbytes of uint8 host memory starting on an ALIGN boundary: a slice of ALIGN more bytes (the slice keeps
+    the whole allocation alive)."""
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    skip = -raw.data_ptr() % ALIGN
+    return raw[skip : skip + nbytes]
+
+
 class L1Cache:
     def __init__(self, layout: ChunkLayout, size_bytes: int, pin: bool | None = None) -> None:
         self.layout = layout
@@ -38,7 +51,7 @@ class L1Cache:
             raise ValueError(f"cache.l1.size_gb holds no chunk: one chunk is {layout.nbytes} bytes "
                              f"({layout.chunk_tokens} tokens), the size is {size_bytes} bytes")
         pin = torch.cuda.is_available() if pin is None else pin
-        self.buffer = torch.empty(self.num_slots * layout.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.buffer = aligned_empty(self.num_slots * layout.nbytes, pin)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a write ended (published or aborted)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()  # published, least recently used first

@@ -10,6 +10,12 @@ GPU, L1, L2 = "gpu", "l1", "l2"
 TIERS = (GPU, L1, L2)
 
 
+def is_level(name: str) -> bool:
+    """Whether an as_dict key is a state rather than a count (a high-water mark, how L2 reads): a phase's
+    value is its value after the phase, not the difference (xrt/bench/tiers.py stats_diff)."""
+    return name.endswith("_max") or name == "l2_direct_io"
+
+
 def _per_tier() -> dict[str, int]:
     return dict.fromkeys(TIERS, 0)
 
@@ -26,7 +32,9 @@ class TierStats:
     thread died and was started again; store_queue_max: the deepest the L2 store queue got.
     prefetched_chunks / prefetch_bytes / prefetch_s: L2 chunks read into L1 ahead of admission (prefetch.py)
     and the time the prefetch thread spent on them; prefetch_wait_s: time admissions waited for a prefetch
-    still in flight (at most what recomputing would have cost); prefetch_errors: prefetch jobs that failed."""
+    still in flight (at most what recomputing would have cost); prefetch_errors: prefetch jobs that failed.
+    l2_direct_io: 1 when L2 loads open the chunk files with O_DIRECT, 0 buffered (cache.l2.direct_io, l2.py;
+    set by the L2 writer, which holds both)."""
 
     hit_tokens: dict[str, int] = field(default_factory=_per_tier)
     computed_tokens: int = 0
@@ -50,6 +58,7 @@ class TierStats:
     prefetch_s: float = 0.0
     prefetch_wait_s: float = 0.0
     prefetch_errors: int = 0
+    l2_direct_io: int = 0
 
     def bandwidth(self, tier: str) -> float | None:
         """Bytes/s of this tier's loads, None before any."""
@@ -69,7 +78,7 @@ class TierStats:
             store_errors=self.store_errors, writer_restarts=self.writer_restarts,
             store_queue_max=self.store_queue_max, prefetched_chunks=self.prefetched_chunks,
             prefetch_bytes=self.prefetch_bytes, prefetch_s=self.prefetch_s, prefetch_wait_s=self.prefetch_wait_s,
-            prefetch_errors=self.prefetch_errors,
+            prefetch_errors=self.prefetch_errors, l2_direct_io=self.l2_direct_io,
         )
         return out
 

@@ -33,6 +33,7 @@ Item = tuple[bytes, int, int | None]  # (key, L1 slot referenced for the writer,
 class L2Writer:
     def __init__(self, l2: L2Store, l1: L1Cache, stats: TierStats) -> None:
         self.l2, self.l1, self.stats = l2, l1, stats
+        stats.l2_direct_io = int(l2.direct)  # how loads read (fixed at the store's start-up, nearly always)
         self.queue: queue.Queue[Item | None] = queue.Queue(max(QUEUE_CHUNKS, l1.num_slots // 2))
         self.off: str | None = None  # why the store was turned off
         self._errors_in_a_row = 0
@@ -116,6 +117,7 @@ class L2Writer:
                 log.error("L2 tier: %s; storing turned off for this run (loads continue)", self.off)
             return
         self._errors_in_a_row = 0
+        self.stats.l2_direct_io = int(self.l2.direct)  # a first load may have found O_DIRECT refused since
         self.stats.stored_l2 += len(stored)
         self.stats.stored_bytes_l2 += len(stored) * self.l2.chunk_bytes
         self.stats.store_s_l2 += time.perf_counter() - start
