@@ -103,3 +103,23 @@ def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device
     assert torch.equal(back, slot)
     del kv
     torch.cuda.empty_cache()
+
+
+def test_a_gather_leaves_the_steps_read_back_alone(device: torch.device) -> None:
+    """Gathers write pinned slots with copy kernels: a small read-back on the compute stream queued after 32 of
+    them completes before they do (a DMA gather would hold it until the last one), and the bytes are right."""
+    import time
+
+    kv = torch.randn((28, 1024, 2, 16, 8, 128), device=device).to(torch.bfloat16)
+    buf = torch.empty((32, 28, 16, 2, 16, 8, 128), dtype=torch.bfloat16, pin_memory=True)
+    copier = ChunkCopier(kv)
+    x = torch.ones(4, device=device)
+    torch.cuda.synchronize()
+    dones = [copier.gather(list(range(i * 16, (i + 1) * 16)), buf[i]) for i in range(32)]
+    t0 = time.perf_counter()
+    assert (x * 2).sum().item() == 8.0
+    read_back = time.perf_counter() - t0
+    assert not dones[-1].query(), f"the gathers finished within the read-back's {read_back * 1e3:.2f} ms"
+    dones[-1].synchronize()
+    for i in (0, 17, 31):
+        assert torch.equal(buf[i].to(device), kv[:, i * 16 : (i + 1) * 16])
