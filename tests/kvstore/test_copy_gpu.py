@@ -114,6 +114,8 @@ def test_a_gather_leaves_the_steps_read_back_alone(device: torch.device) -> None
     buf = torch.empty((32, 28, 16, 2, 16, 8, 128), dtype=torch.bfloat16, pin_memory=True)
     copier = ChunkCopier(kv)
     x = torch.ones(4, device=device)
+    assert (x * 2).sum().item() == 8.0  # its kernels loaded before the timed read-back (a first load syncs)
+    copier.gather(list(range(16)), buf[0]).synchronize()  # and the gather's
     torch.cuda.synchronize()
     dones = [copier.gather(list(range(i * 16, (i + 1) * 16)), buf[i]) for i in range(32)]
     t0 = time.perf_counter()

@@ -94,7 +94,10 @@ def test_corrupt_l2_chunk_is_recomputed(diverse_cfg: Callable[..., XrtConfig], t
         f.write_bytes(bytes(data))
     again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     assert outputs(again, prompts(0)[:1]) == want[:1]
-    assert tiers_of(again).stats.hit_tokens[L2] == 0 and tiers_of(again).stats.failed_loads == 1
+    # every chunk is a miss: found bad by the start-up bandwidth probe (which reads the most recent two) or by the
+    # load at admission, whichever reads it first (which ones the probe picks depends on the index's timestamps)
+    tiers = tiers_of(again)
+    assert tiers.stats.hit_tokens[L2] == 0 and tiers.l2 is not None and tiers.l2.corrupt >= 1
 
 
 def test_gpu_hit_ending_inside_a_chunk(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path,
