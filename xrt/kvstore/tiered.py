@@ -230,8 +230,9 @@ class TieredKVCacheManager(KVCacheManager):
 
     def _probe_l2(self) -> None:
         """Time one read of a couple of stored chunks at start-up: the L2 bandwidth the policy weighs the
-        first loads with (the page cache included, as the loads will see it). Costs one transfer (~30 ms
-        for two Qwen3-8B chunks from a 2 GB/s disk); nothing to do with an empty directory."""
+        first loads with, read as the loads read (O_DIRECT from the disk with cache.l2.direct_io, else through the
+        page cache). Costs one transfer (~30 ms for two Qwen3-8B chunks from a 2 GB/s disk); nothing to do with an
+        empty directory."""
         assert self.l2 is not None
         keys = self.l2.sample_keys(2)
         slots = []
