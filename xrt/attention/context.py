@@ -1,8 +1,9 @@
 """The per-step forward context: attention metadata and the backend, reached by layers through a
-ContextVar so the model's forward signature stays (input_ids, positions). `kv_ready` (eager steps only): per
-layer the event after which copies still running into that layer's KV pages are done (a KV tier's load,
-xrt.kvcache.device.KVArrivals); each attention layer waits for its own just before it reads the cache, so
-the first layers compute while the later layers' KV is still arriving."""
+ContextVar so the model's forward signature stays (input_ids, positions). `kv_ready`: per layer the event
+after which copies still running into that layer's KV pages are done (a KV tier's load,
+xrt.kvcache.device.KVArrivals); each attention layer waits for its own just before it writes or reads the
+cache, so the first layers compute while the later layers' KV is still arriving. Set for an eager step over a
+load, and while capturing the decode graphs that wait for loads (the waits become nodes of the graph)."""
 
 from __future__ import annotations
 
