@@ -100,11 +100,18 @@ def test_prefixes_from_every_ranks_l1_then_l2(tiny_checkpoint_diverse: str, tmp_
         stats = tiers_of(run.llm).stats
         # prompts 2 and 3 find their shared prefix's whole chunks (5 and 3) in both ranks' L1
         assert stats.hit_tokens == {GPU: 0, L1: 8 * CHUNK, L2: 0} and stats.failed_loads == 0
-        tiers_of(run.llm).flush()  # every rank's L2 writer
+        assert stats.other_ranks is None  # nothing flushed yet
+        tiers_of(run.llm).flush()  # every rank's L2 writer; rank 1's counters come back with it
         dirs = rank_dirs(run, tmp_path)
+        summary = stats.summary()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.name for d in dirs)  # one directory per rank
     counts = [len(list(d.glob("*.kv"))) for d in dirs]
     assert counts[0] == counts[1] == stats.stored_l1 > 0
+    other = stats.other_ranks
+    assert other is not None and other["stored_l1"] == stats.stored_l1 and other["stored_l2"] == counts[1]
+    assert other["store_errors"] == other["checksum_failures"] == other["failed_loads"] == 0
+    assert f"kv tiers, other ranks: chunks stored l1 {stats.stored_l1}, l2 {counts[1]}" in summary
+    assert stats.as_dict()["other_ranks_stored_l2"] == counts[1]
     names = [{f.name.split("-")[0] for f in d.glob("*.kv")} for d in dirs]
     assert not names[0] & names[1]  # the ranks' keys differ
 
@@ -141,6 +148,11 @@ def test_a_rank_without_its_l2_files_shortens_the_agreed_hit(tiny_checkpoint_div
         assert stats.computed_tokens == sum(len(p) for p in prompts()) - stats.hit_tokens[GPU]
         assert (stats.failed_loads > 0) == (lost == "files")
         tiers_of(run.llm).flush()
+        # only rank 1 saw its bad chunks: its counters, summed into rank 0's stats at the flush, say so
+        other = stats.other_ranks
+        assert other is not None
+        assert (other["checksum_failures"] > 0) == (other["failed_loads"] > 0) == (lost == "files")
+        assert stats.checksum_failures == 0
     # rank 1 stored its chunks again (a corrupt chunk is dropped when a load finds it bad, then stored anew; the
     # one the second prompt's decode filled is never looked up: its corrupt file stays, a miss whenever read)
     assert len(list(dirs[1].glob("*.kv"))) == len(list(dirs[0].glob("*.kv")))

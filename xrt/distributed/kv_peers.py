@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from xrt.distributed.kv_wire import encode_kv_load, encode_kv_lookup, encode_kv_store
 from xrt.distributed.wire import Kind
 from xrt.kvstore.peers import LoadChunk, StoreChunk
-from xrt.ops.collectives import min_over_ranks
+from xrt.kvstore.stats import RANK_COUNTERS
+from xrt.ops.collectives import min_over_ranks, sum_over_ranks
 
 if TYPE_CHECKING:
     from xrt.distributed.driver import TPRunner
@@ -46,7 +47,9 @@ class KVPeers:
         # sent first: the other ranks load while rank 0 runs its own load
         return self._runner.send_then(Kind.KV_LOAD, encode_kv_load(chunks), lambda: min_over_ranks(local()))
 
-    def flush(self) -> None:
+    def flush(self) -> list[float] | None:
         if self._runner.closed:
-            return  # the workers flushed their writers when they shut down
-        self._runner.send_then(Kind.KV_FLUSH, None, lambda: min_over_ranks(0))
+            return None  # the workers flushed their writers when they shut down
+        # a barrier, then the workers' counters summed (rank 0 adds zeros: its own are its manager's)
+        zeros = [0.0] * len(RANK_COUNTERS)
+        return self._runner.send_then(Kind.KV_FLUSH, None, lambda: (min_over_ranks(0), sum_over_ranks(zeros))[1])

@@ -35,7 +35,7 @@ from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.log import get_logger, set_rank
-from xrt.ops.collectives import min_over_ranks
+from xrt.ops.collectives import min_over_ranks, sum_over_ranks
 from xrt.ops.parallel_state import set_tp
 
 if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
@@ -76,6 +76,7 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
         elif kind is Kind.KV_FLUSH:
             shard.flush()
             min_over_ranks(0)
+            sum_over_ranks(shard.counters())
 
 
 def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) -> None:

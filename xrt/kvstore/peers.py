@@ -32,6 +32,7 @@ class TierPeers(Protocol):
         how many leading chunks it loaded); returns the leading chunks every rank loaded."""
         ...
 
-    def flush(self) -> None:
-        """Returns once every other rank's L2 writer has written what it was given."""
+    def flush(self) -> list[float] | None:
+        """Returns once every other rank's L2 writer has written what it was given: their RANK_COUNTERS (stats.py)
+        summed, or None when the ranks are gone (they flushed as they shut down)."""
         ...

@@ -99,6 +99,7 @@ class KVShard:
                 left.append((done, slot, key))
                 continue
             self.l1.publish(slot)
+            self.stats.stored_l1 += 1
             if self.writer is not None:
                 self.writer.offer_published(key)
         self._gathers = left
@@ -165,6 +166,8 @@ class KVShard:
                 loaded += 1
             self._scatters.append((done, slot, crc, fresh))  # released (or published) once the copy is done
         self._reap()
+        if loaded < len(chunks):
+            self.stats.failed_loads += 1  # rank 0 agreed this rank held them (a lookup): gone or bad since
         return loaded
 
     def _read_l2(self, items: list[tuple[int, bytes, int]]) -> dict[int, int]:
@@ -183,6 +186,12 @@ class KVShard:
         return out
 
     # ------------------------------------------------------------------ shutdown
+
+    def counters(self) -> list[float]:
+        """This rank's RANK_COUNTERS (stats.py), for rank 0's `TierStats.other_ranks`."""
+        if self.l2 is not None:
+            self.stats.checksum_failures = self.l2.corrupt
+        return self.stats.counters()
 
     def flush(self) -> None:
         """Every copy done and every chunk handed to the L2 writer written."""

@@ -8,6 +8,11 @@ from typing import Any
 
 GPU, L1, L2 = "gpu", "l1", "l2"
 TIERS = (GPU, L1, L2)
+# What a tensor-parallel worker rank's own tiers count (its stores, its L2 writer, its checksums), summed over
+# those ranks into rank 0's `other_ranks` at each flush: rank 0 decides hits and loads for every rank, but only
+# the workers see their own store failures and bad chunks.
+RANK_COUNTERS = ("stored_l1", "stored_l2", "stored_bytes_l2", "dropped_l2", "store_errors", "writer_restarts",
+                 "checksum_failures", "failed_loads")
 
 
 def is_level(name: str) -> bool:
@@ -34,7 +39,8 @@ class TierStats:
     and the time the prefetch thread spent on them; prefetch_wait_s: time admissions waited for a prefetch
     still in flight (at most what recomputing would have cost); prefetch_errors: prefetch jobs that failed.
     l2_direct_io: 1 when L2 loads open the chunk files with O_DIRECT, 0 buffered (cache.l2.direct_io, l2.py;
-    set by the L2 writer, which holds both)."""
+    set by the L2 writer, which holds both). other_ranks (parallel.tp > 1): RANK_COUNTERS of the other ranks'
+    tiers, summed, as of the last flush (rank 0's own are the fields above)."""
 
     hit_tokens: dict[str, int] = field(default_factory=_per_tier)
     computed_tokens: int = 0
@@ -59,6 +65,11 @@ class TierStats:
     prefetch_wait_s: float = 0.0
     prefetch_errors: int = 0
     l2_direct_io: int = 0
+    other_ranks: dict[str, float] | None = None
+
+    def counters(self) -> list[float]:
+        """RANK_COUNTERS of these stats, in order (what a worker rank reports)."""
+        return [float(getattr(self, name)) for name in RANK_COUNTERS]
 
     def bandwidth(self, tier: str) -> float | None:
         """Bytes/s of this tier's loads, None before any."""
@@ -80,10 +91,13 @@ class TierStats:
             prefetch_bytes=self.prefetch_bytes, prefetch_s=self.prefetch_s, prefetch_wait_s=self.prefetch_wait_s,
             prefetch_errors=self.prefetch_errors, l2_direct_io=self.l2_direct_io,
         )
+        for name, value in (self.other_ranks or {}).items():
+            out[f"other_ranks_{name}"] = value
         return out
 
     def summary(self, queue_depth: int = 0) -> str:
-        """Two lines for `xrt run`: where prefixes came from, and what moved between the tiers."""
+        """Two lines for `xrt run`: where prefixes came from, and what moved between the tiers (a third with the
+        other tensor-parallel ranks' counters, once a flush brought them)."""
         hits = ", ".join(f"{t} {n}" for t, n in self.hit_tokens.items())
 
         def moved(t: str) -> str:
@@ -104,4 +118,13 @@ class TierStats:
             f"{self.skipped_slow}, abandoned {self.abandoned_loads}, failed {self.failed_loads}, checksum "
             f"failures {self.checksum_failures} | prefetched {self.prefetched_chunks} chunks"
             f"{prefetch_rate} (admissions waited {self.prefetch_wait_s * 1e3:.0f} ms)"
+            + (self._other_ranks_line() if self.other_ranks is not None else "")
+        )
+
+    def _other_ranks_line(self) -> str:
+        o = {k: int(v) for k, v in (self.other_ranks or {}).items()}
+        return (
+            f"\nkv tiers, other ranks: chunks stored l1 {o['stored_l1']}, l2 {o['stored_l2']} (dropped "
+            f"{o['dropped_l2']}, store errors {o['store_errors']}, writer restarts {o['writer_restarts']}) | "
+            f"loads failed {o['failed_loads']}, checksum failures {o['checksum_failures']}"
         )

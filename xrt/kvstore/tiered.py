@@ -53,7 +53,7 @@ from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
 from xrt.kvstore.prefetch import Prefetcher
-from xrt.kvstore.stats import GPU, L1, L2, TierStats
+from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.log import get_logger
 from xrt.units import MB
@@ -163,7 +163,9 @@ class TieredKVCacheManager(KVCacheManager):
         """Wait until every chunk handed to the L2 writer is written (tests, shutdown), every rank's."""
         self.flush_local()
         if self.peers is not None:
-            self.peers.flush()
+            counts = self.peers.flush()
+            if counts is not None:
+                self.stats.other_ranks = dict(zip(RANK_COUNTERS, counts, strict=True))
 
     def flush_local(self) -> None:
         """flush, this rank's writer only (and its prefetches and copies up, so every L1 slot is free)."""

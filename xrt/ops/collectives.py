@@ -1,8 +1,11 @@
 """Tensor-parallel collectives as `xrt::` ops (`xrt.ops.registry`) over the group of
 `xrt.ops.parallel_state`; identity at one rank. Ops, so that a decode CUDA graph captures them and each
-rank replays its own graph. `min_over_ranks` is a host-side helper (not an op) over the CPU group."""
+rank replays its own graph. `min_over_ranks` and `sum_over_ranks` are host-side helpers (not ops) over the CPU
+group."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,3 +46,12 @@ def min_over_ranks(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=cpu_group())
     return int(t.item())
+
+
+def sum_over_ranks(values: Sequence[float]) -> list[float]:
+    """Each of `values` summed over the tensor-parallel ranks (every rank passes as many); `values` at one rank."""
+    if tp_size() == 1:
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=cpu_group())
+    return t.tolist()
