@@ -175,7 +175,8 @@ def test_kv_messages_round_trip() -> None:
     assert decode_kv_store(encode_kv_store(store)) == store
     assert decode_kv_lookup(encode_kv_lookup(keys)) == keys
     load = [(k, pages, i) for i, (k, pages) in enumerate(store)]
-    assert decode_kv_load(encode_kv_load(load)) == load
+    assert decode_kv_load(encode_kv_load(load)) == (load, None)
+    assert decode_kv_load(encode_kv_load(load, 0.25)) == (load, 0.25)
     assert decode_kv_store(encode_kv_store([])) == [] and decode_kv_lookup(encode_kv_lookup([])) == []
 
 

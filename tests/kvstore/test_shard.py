@@ -66,3 +66,31 @@ def test_each_rank_has_its_own_keys_and_directory(tmp_path: Path) -> None:
     assert one.l2.dir != two.l2.dir and one.l2.dir.parent == two.l2.dir.parent == tmp_path
     one.close()
     two.close()
+
+
+def test_a_read_past_rank_0s_deadline_stops_the_load_and_frees_its_slots_after(tmp_path: Path) -> None:
+    """A worker's L2 read batch still running at the deadline rank 0 sent (KV_LOAD): the load stops there (0
+    chunks, rank 0 then agrees on none and recomputes), the next one does not queue behind it, and the late
+    batch's L1 slots are aborted once its transfer ends, not before (it still writes them)."""
+    s = shard(tmp_path)
+    keys = [bytes([i + 1]) * 32 for i in range(3)]
+    s.store(list(zip(keys, [[0, 1], [2, 3], [4, 5]], strict=True)))
+    s.flush()
+    s.close()
+    again = shard(tmp_path)  # an empty L1: the chunks must come from L2
+    assert again.l2 is not None
+    agent = again.l2._agents["READ"]
+    real_state = agent.agent.check_xfer_state
+    stalled = True
+    agent.agent.check_xfer_state = lambda h: "PROC" if stalled else real_state(h)
+    load = [(k, [10 + 2 * i, 11 + 2 * i], 0) for i, k in enumerate(keys)]
+    assert again.load(load, deadline_s=0.05) == 0
+    assert again.stats.failed_loads == 1 and again.l2.late_transfers == 1
+    assert any(again.l1._writing)  # the late batch's slots: still being written by the transfer
+    assert again.load(load, deadline_s=0.05) == 0  # the read agent is busy with the late one: no waiting
+    stalled = False
+    assert agent.lock.acquire(timeout=10)  # the late transfer ended: its thread aborted the slots and let go
+    agent.lock.release()
+    assert not again.l1._writing and not any(again.l1._refs)
+    assert again.load(load, deadline_s=10.0) == 3  # and the chunks load once the disk answers
+    again.close()

@@ -42,10 +42,11 @@ class KVPeers:
         self._last = (asked, n)
         return n
 
-    def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int]) -> int:
+    def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int], deadline_s: float | None = None) -> int:
         self._last = None
         # sent first: the other ranks load while rank 0 runs its own load
-        return self._runner.send_then(Kind.KV_LOAD, encode_kv_load(chunks), lambda: min_over_ranks(local()))
+        return self._runner.send_then(Kind.KV_LOAD, encode_kv_load(chunks, deadline_s),
+                                      lambda: min_over_ranks(local()))
 
     def flush(self) -> list[float] | None:
         if self._runner.closed:

@@ -4,7 +4,8 @@ few columns.
 
 KV_STORE:  [n, pages_per_chunk, keys (4 n), pages (n x pages_per_chunk)]
 KV_LOOKUP: [n, keys (4 n)]
-KV_LOAD:   [n, pages_per_chunk, keys (4 n), skips (n), pages (n x pages_per_chunk)]"""
+KV_LOAD:   [n, pages_per_chunk, deadline (us per L2 read batch, 0: none), keys (4 n), skips (n),
+           pages (n x pages_per_chunk)]"""
 
 from __future__ import annotations
 
@@ -55,17 +56,19 @@ def decode_kv_lookup(p: np.ndarray) -> list[bytes]:
     return _unkeys(p[1:], int(p[0]))
 
 
-def encode_kv_load(chunks: Sequence[LoadChunk]) -> np.ndarray:
+def encode_kv_load(chunks: Sequence[LoadChunk], deadline_s: float | None = None) -> np.ndarray:
     ppc, pages = _pages(chunks)
-    head = np.array([len(chunks), ppc], dtype=np.int64)
+    deadline_us = max(1, round(deadline_s * 1e6)) if deadline_s is not None else 0
+    head = np.array([len(chunks), ppc, deadline_us], dtype=np.int64)
     skips = np.array([s for _, _, s in chunks], dtype=np.int64)
     return np.concatenate((head, _keys([k for k, _, _ in chunks]), skips, pages))
 
 
-def decode_kv_load(p: np.ndarray) -> list[LoadChunk]:
-    n, ppc = int(p[0]), int(p[1])
-    at = 2 + KEY_INTS * n
-    keys = _unkeys(p[2:], n)
+def decode_kv_load(p: np.ndarray) -> tuple[list[LoadChunk], float | None]:
+    """The chunks, and the deadline of each L2 read batch in seconds (None: no deadline)."""
+    n, ppc, deadline_us = int(p[0]), int(p[1]), int(p[2])
+    at = 3 + KEY_INTS * n
+    keys = _unkeys(p[3:], n)
     skips = p[at : at + n].tolist()
     pages = p[at + n : at + n + n * ppc].reshape(n, ppc).tolist()
-    return list(zip(keys, pages, skips, strict=True))
+    return list(zip(keys, pages, skips, strict=True)), (deadline_us / 1e6 if deadline_us else None)

@@ -27,9 +27,10 @@ class TierPeers(Protocol):
         """How many leading keys every rank holds in its L1 or L2 (rank 0 holds all of `keys`)."""
         ...
 
-    def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int]) -> int:
+    def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int], deadline_s: float | None = None) -> int:
         """The other ranks load the chunks into their pages while rank 0 runs `local` (its own load, returning
-        how many leading chunks it loaded); returns the leading chunks every rank loaded."""
+        how many leading chunks it loaded); returns the leading chunks every rank loaded. deadline_s: how long
+        each of their L2 read batches may take (rank 0's policy), past which that rank stops loading there."""
         ...
 
     def flush(self) -> list[float] | None:

@@ -129,10 +129,11 @@ class KVShard:
             n += 1
         return n
 
-    def load(self, chunks: Sequence[LoadChunk]) -> int:
+    def load(self, chunks: Sequence[LoadChunk], deadline_s: float | None = None) -> int:
         """Each chunk from L1, else L2 (read into an L1 slot and verified), scattered into its pages after the
-        skipped ones; stops at the first chunk this rank cannot load. Returns how many leading chunks it
-        loaded (the pages of the chunks after those are recomputed, or overwritten when rank 0 loaded fewer)."""
+        skipped ones; stops at the first chunk this rank cannot load, or at an L2 read batch still running
+        after deadline_s (rank 0's policy: what recomputing costs). Returns how many leading chunks it loaded
+        (the pages of the chunks after those are recomputed, or overwritten when rank 0 loaded fewer)."""
         self._reap()
         plan: list[tuple[int, bool]] = []  # (slot, fresh: reserved for an L2 read) of the leading chunks
         for key0, _, _ in chunks:
@@ -150,13 +151,15 @@ class KVShard:
             if slot is None:
                 break  # no room in L1, or being gathered right now
             plan.append((slot, True))
-        crcs = self._read_l2([(i, self._key(chunks[i][0]), slot) for i, (slot, fresh) in enumerate(plan) if fresh])
+        reads = [(i, self._key(chunks[i][0]), slot) for i, (slot, fresh) in enumerate(plan) if fresh]
+        crcs, late = self._read_l2(reads, deadline_s)
         loaded, complete = 0, True
         for i, (slot, fresh) in enumerate(plan):
             crc = crcs.get(i)
             if fresh and crc is None:
                 complete = False
-                self.l1.abort(slot)
+                if slot not in late:  # a late read still writes its slots: aborted once it ends (_read_l2)
+                    self.l1.abort(slot)
                 continue
             done = None
             if complete:
@@ -170,20 +173,26 @@ class KVShard:
             self.stats.failed_loads += 1  # rank 0 agreed this rank held them (a lookup): gone or bad since
         return loaded
 
-    def _read_l2(self, items: list[tuple[int, bytes, int]]) -> dict[int, int]:
-        """{chunk: crc32} of the leading run of (chunk, key, reserved slot) read from L2 and verified, in
-        batches of load_batch chunks; no policy here: rank 0 weighed the load already."""
+    def _read_l2(self, items: list[tuple[int, bytes, int]],
+                 deadline_s: float | None = None) -> tuple[dict[int, int], set[int]]:
+        """({chunk: crc32} of the leading run of (chunk, key, reserved slot) read from L2 and verified, the slots
+        of a batch that passed deadline_s), in batches of load_batch chunks. Rank 0 weighed the load already;
+        the deadline bounds this rank's reads. A late batch's slots are aborted when its transfer ends."""
         assert self.l2 is not None or not items
         out: dict[int, int] = {}
         for b in range(0, len(items), self.load_batch):
             batch = items[b : b + self.load_batch]
-            result = self.l2.load([(key, slot) for _, key, slot in batch])  # type: ignore[union-attr]
+            slots = [slot for _, _, slot in batch]
+            result = self.l2.load([(key, slot) for _, key, slot in batch], deadline_s,  # type: ignore[union-attr]
+                                  on_late=lambda slots=slots: [self.l1.abort(s) for s in slots])
+            if result.late:
+                return out, set(slots)
             for (i, _, _), crc in zip(batch, result.crcs, strict=True):
                 if crc is not None:
                     out[i] = crc
             if any(crc is None for crc in result.crcs):
                 break
-        return out
+        return out, set()
 
     # ------------------------------------------------------------------ shutdown
 

@@ -356,8 +356,12 @@ class TieredKVCacheManager(KVCacheManager):
             mine.extend(self._load(seq, hit))
             return len(mine)
 
+        # the other ranks' L2 read batches get the deadline rank 0's own batches get: a slow disk on any rank
+        # shortens the agreed load instead of holding every rank past the recompute time
+        n, ct = self.load_batch, self.chunk_tokens
+        deadline = self.policy.deadline_s(n * ct, n * self.layout.nbytes) if self.measured else None
         agreed = self.peers.load([(key, seq.page_table[c * ppc : (c + 1) * ppc], max(0, gpu_pages - c * ppc))
-                                  for c, key, _ in hit.chunks], local)
+                                  for c, key, _ in hit.chunks], local, deadline)
         if agreed < len(mine):
             self.stats.failed_loads += 1  # another rank could not load a chunk this one did
         return mine[:agreed]
