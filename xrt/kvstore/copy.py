@@ -76,6 +76,9 @@ class ChunkCopier:
 
     def _rows(self, slot: torch.Tensor, run: Run, layers: tuple[int, int], kind: int) -> None:
         """One run's pages of these layers: slot <-> KV pages (kind H2D: into the pages)."""
+        if self._copy is None:
+            self._tensor_copies(slot, run, layers, kind)
+            return
         start, page, n = run
         l0, l1 = layers
         elem = self.kv.element_size()
@@ -84,9 +87,7 @@ class ChunkCopier:
         slot_at = slot.data_ptr() + l0 * slot_pitch + start * self.page_bytes
         width, height = n * self.page_bytes, l1 - l0
         stream = self.stream.cuda_stream if self.stream is not None else 0
-        if self._copy is None:
-            self._tensor_copies(slot, run, layers, kind)
-        elif kind == H2D:
+        if kind == H2D:
             self._copy.copy2d(kv_at, kv_pitch, slot_at, slot_pitch, width, height, kind, stream)
         else:
             self._copy.copy2d(slot_at, slot_pitch, kv_at, kv_pitch, width, height, kind, stream)
