@@ -87,10 +87,6 @@ class KVArrivals:
         self._pending.add(group)
         return event
 
-    @property
-    def pending(self) -> bool:
-        return bool(self._pending)
-
     def graph_waits(self) -> tuple[torch.cuda.Event, ...] | None:
         """Every layer's group event, for capturing a graph that waits on them; None on CPU (no events)."""
         return tuple(self.events[g] for g in self._layer_group) if self.events else None
