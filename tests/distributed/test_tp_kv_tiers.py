@@ -115,11 +115,16 @@ def test_prefixes_from_every_ranks_l1_then_l2(tiny_checkpoint_diverse: str, tmp_
     names = [{f.name.split("-")[0] for f in d.glob("*.kv")} for d in dirs]
     assert not names[0] & names[1]  # the ranks' keys differ
 
-    # a new run on the same directory: empty GPU caches and L1s, the prefixes come from both ranks' L2
+    # a new run on the same directory: empty GPU caches and L1s, the prefixes come from both ranks' L2, read ahead
+    # of admission by each rank's own prefetch thread (cache.l2.prefetch: a queued request's prefix)
     with Run(tiny_checkpoint_diverse, tmp_path) as run:
         assert one_by_one(run.llm) == want
         stats = tiers_of(run.llm).stats
         assert stats.hit_tokens[L2] >= 8 * CHUNK and stats.failed_loads == 0
+        tiers_of(run.llm).flush()
+        assert stats.prefetched_chunks > 0 and stats.other_ranks is not None
+        assert stats.other_ranks["prefetched_chunks"] == stats.prefetched_chunks
+        assert stats.other_ranks["failed_loads"] == 0
 
 
 @pytest.mark.parametrize("lost", ["files", "directory"])

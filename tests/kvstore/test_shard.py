@@ -94,3 +94,48 @@ def test_a_read_past_rank_0s_deadline_stops_the_load_and_frees_its_slots_after(t
     assert not again.l1._writing and not any(again.l1._refs)
     assert again.load(load, deadline_s=10.0) == 3  # and the chunks load once the disk answers
     again.close()
+
+
+def test_a_prefetch_reads_this_ranks_l2_and_the_load_takes_it(tmp_path: Path) -> None:
+    """KV_PREFETCH: the leading run of chunks this rank's L2 holds (not those already in its L1) is read into L1
+    in the background; a load takes them from there, waiting for a read still in flight (rank 0's deadline)."""
+    import threading
+    import time
+
+    s = shard(tmp_path)
+    keys = [bytes([i + 1]) * 32 for i in range(3)]
+    src = [[0, 1], [2, 3], [4, 5]]
+    want = [pages_of(s, p) for p in src]
+    s.store(list(zip(keys, src, strict=True)))
+    s.flush()
+    s.close()
+    load = [(k, [10 + 2 * i, 11 + 2 * i], 0) for i, k in enumerate(keys)]
+
+    done = shard(tmp_path)  # the prefetch ends before the load: the chunks are L1's
+    assert done.prefetcher is not None
+    done.prefetch([*keys, bytes(32)])  # the unknown fourth chunk ends the run
+    done.prefetcher.flush()
+    assert done.stats.prefetched_chunks == 3 and all(done.l1.contains(done._key(k)) for k in keys)
+    assert done.load(load) == 3
+    torch.testing.assert_close(pages_of(done, list(range(10, 16))), torch.cat(want, dim=1))
+    done.prefetch(keys)  # all in L1 now: nothing to read
+    done.flush()
+    assert done.stats.prefetched_chunks == 3 and done.counters()[-1] == 3
+    done.close()
+
+    flying = shard(tmp_path)  # the prefetch's read is still running when the load comes: it waits for it
+    assert flying.l2 is not None
+    agent = flying.l2._agents["PREFETCH"]
+    real_state = agent.agent.check_xfer_state
+    stalled = threading.Event()
+    stalled.set()
+    agent.agent.check_xfer_state = lambda h: "PROC" if stalled.is_set() else real_state(h)
+    flying.prefetch(keys)
+    deadline = time.monotonic() + 10
+    while len(flying.l1._writing) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)  # the prefetch thread reserved its slots
+    threading.Timer(0.2, stalled.clear).start()
+    assert flying.load(load, deadline_s=10.0) == 3
+    assert flying.stats.prefetched_chunks == 3 and flying.stats.failed_loads == 0
+    torch.testing.assert_close(pages_of(flying, list(range(10, 16))), torch.cat(want, dim=1))
+    flying.close()

@@ -275,7 +275,8 @@ class L2Args:
     load_batch_mb: int = field(256, help="bytes of chunks per L2 read transfer: after each, a slow load can stop",
                                unit="MB", validator=[ge(1), le(2**20)])
     prefetch: bool = field(True, help="read a queued request's L2 prefix into L1 in the background before it is "
-                           "admitted (overlapping other requests' compute); tensor parallel size 1 only")
+                           "admitted (overlapping other requests' compute); with tensor parallelism every rank its own "
+                           "shard")
     direct_io: bool = field(True, help="read chunk files with O_DIRECT when the chunk size and L1's slots are "
                             "4096-aligned (else, and where the filesystem refuses it, buffered): reads bypass the "
                             "page cache, which L1 already is, and run at the disk's direct rate (~1.4x buffered on "

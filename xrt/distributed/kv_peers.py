@@ -42,6 +42,10 @@ class KVPeers:
         self._last = (asked, n)
         return n
 
+    def prefetch(self, keys: Sequence[bytes]) -> None:
+        # what each rank holds is unchanged (a prefetched chunk was in its L2): the last lookup's agreement stands
+        self._runner.send_then(Kind.KV_PREFETCH, encode_kv_lookup(keys), lambda: None)
+
     def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int], deadline_s: float | None = None) -> int:
         self._last = None
         # sent first: the other ranks load while rank 0 runs its own load

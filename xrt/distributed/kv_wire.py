@@ -3,7 +3,7 @@ bytes), and every chunk of a message has the same number of pages (a chunk is wh
 few columns.
 
 KV_STORE:  [n, pages_per_chunk, keys (4 n), pages (n x pages_per_chunk)]
-KV_LOOKUP: [n, keys (4 n)]
+KV_LOOKUP: [n, keys (4 n)]  (KV_PREFETCH too)
 KV_LOAD:   [n, pages_per_chunk, deadline (us per L2 read batch, 0: none), keys (4 n), skips (n),
            pages (n x pages_per_chunk)]"""
 

@@ -26,7 +26,8 @@ class Kind(enum.IntEnum):
     KV_STORE = 4  # gather these chunks' pages into L1 (and L2)
     KV_LOOKUP = 5  # how many leading chunks are held: then one all_reduce(MIN)
     KV_LOAD = 6  # load chunks into pages: then one all_reduce(MIN) of the leading chunks loaded
-    KV_FLUSH = 7  # finish the L2 writes queued: then one all_reduce (a barrier)
+    KV_FLUSH = 7  # finish the L2 writes queued: then one all_reduce (a barrier) and one of the ranks' counters
+    KV_PREFETCH = 8  # a queued request's prefix chunks: read those this rank's L2 holds into its L1 (no collective)
 
 
 def encode_step(step: StepInput) -> np.ndarray:

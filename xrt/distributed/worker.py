@@ -73,6 +73,8 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
             min_over_ranks(shard.held(decode_kv_lookup(payload)))
         elif kind is Kind.KV_LOAD:
             min_over_ranks(shard.load(*decode_kv_load(payload)))
+        elif kind is Kind.KV_PREFETCH:
+            shard.prefetch(decode_kv_lookup(payload))
         elif kind is Kind.KV_FLUSH:
             shard.flush()
             min_over_ranks(0)

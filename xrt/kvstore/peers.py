@@ -6,7 +6,8 @@ from them (`shard.rank_key`).
 
 A chunk travels as (rank 0's key, its page ids); a load also says how many of its leading pages the GPU hit
 shares already (those are not overwritten). Every method is one message, in order with the steps; `lookup`,
-`load` and `flush` also end in one collective over the ranks, so no rank ever goes ahead of another."""
+`load` and `flush` also end in one collective over the ranks, so no rank ever goes ahead of another; `store`
+and `prefetch` need none."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ class TierPeers(Protocol):
 
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading keys every rank holds in its L1 or L2 (rank 0 holds all of `keys`)."""
+        ...
+
+    def prefetch(self, keys: Sequence[bytes]) -> None:
+        """Every other rank starts reading, in the background, the leading run of these chunks that its L2 holds
+        and its L1 does not (a queued request's prefix; prefetch.py)."""
         ...
 
     def load(self, chunks: Sequence[LoadChunk], local: Callable[[], int], deadline_s: float | None = None) -> int:

@@ -1,7 +1,9 @@
 """A worker rank's KV tiers (parallel.tp > 1): its own L1, its own L2 namespace directory, a copier over its own
 runner's KV tensor and an L2 writer, all from the same config as rank 0's. Rank 0 decides everything (lookup,
 policy, counting); this rank does what rank 0's messages say (`xrt.distributed.worker.serve`) and reports how
-many leading chunks it holds or loaded, which the ranks agree on with one collective (peers.py).
+many leading chunks it holds or loaded, which the ranks agree on with one collective (peers.py). A queued
+request's prefix is prefetched from this rank's L2 into its L1 by its own prefetch thread (KV_PREFETCH); a load
+waits for a prefetch in flight at most rank 0's deadline.
 
 Keys: rank 0 sends its own chunk keys; this rank's key is sha256(its namespace digest, rank 0's key). Rank 0's
 key names the whole prefix (keys.py), the digest this rank's shard of it (tp_rank, tp_size), so the files of
@@ -27,11 +29,14 @@ from xrt.kvstore.build import build_l1, build_l2, chunk_layout, key_namespace
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import LoadChunk, StoreChunk
+from xrt.kvstore.prefetch import Prefetcher
 from xrt.kvstore.stats import L1, L2, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.units import MB
 
 Event = torch.cuda.Event | None
+# how long a load waits for a prefetch of its chunk in flight when rank 0 sent no deadline (load_policy=always)
+PREFETCH_WAIT_S = 600.0
 
 
 def rank_key(digest: bytes, key: bytes) -> bytes:
@@ -61,6 +66,8 @@ class KVShard:
         self.stats = TierStats()  # this rank's writer counts here; rank 0's stats are the run's
         self.writer = L2Writer(self.l2, self.l1, self.stats) if self.l2 is not None else None
         self.load_batch = max(1, cfg.cache.l2.load_batch_mb * MB // self.layout.nbytes)
+        self.prefetcher = (Prefetcher(self.l1, self.l2, self.stats, self.load_batch)
+                           if self.l2 is not None and cfg.cache.l2.prefetch else None)
         self._gathers: list[tuple[Event, int, bytes]] = []  # (done, slot, key): published once done
         self._scatters: list[tuple[Event, int, int | None, bool]] = []  # (done, slot, crc, fresh from L2)
 
@@ -138,7 +145,7 @@ class KVShard:
         plan: list[tuple[int, bool]] = []  # (slot, fresh: reserved for an L2 read) of the leading chunks
         for key0, _, _ in chunks:
             key = self._key(key0)
-            got = self.l1.acquire(key)
+            got = self.l1.acquire(key) or self._written(key, deadline_s)
             if got is not None:
                 plan.append((got[0], False))
                 continue
@@ -173,6 +180,35 @@ class KVShard:
             self.stats.failed_loads += 1  # rank 0 agreed this rank held them (a lookup): gone or bad since
         return loaded
 
+    def _written(self, key: bytes, deadline_s: float | None) -> tuple[int, int | None] | None:
+        """The chunk a write in flight is bringing into L1 (this rank's prefetch or gather), acquired once it is
+        there; None when nothing is writing it, or it does not arrive within rank 0's deadline."""
+        if not self.l1.writing(key):
+            return None
+        own = [done for done, _, k in self._gathers if k == key]
+        if own:  # this rank's own gather: published by _reap once its copy is done
+            for done in own:
+                if done is not None:
+                    done.synchronize()
+            self._reap()
+            return self.l1.acquire(key)
+        return self.l1.acquire_when_written(key, deadline_s if deadline_s is not None else PREFETCH_WAIT_S)
+
+    def prefetch(self, keys0: Sequence[bytes]) -> None:
+        """A request rank 0 queued (KV_PREFETCH): read the leading run of its chunks this rank's L2 holds into L1
+        in the background, skipping those in L1 already (prefetch.py)."""
+        if self.prefetcher is None or self.l2 is None:
+            return
+        mine = [self._key(k) for k in keys0]
+        todo = []
+        for key, stored in zip(mine, self.l2.holds(mine), strict=True):
+            if self.l1.contains(key) or self.l1.writing(key):
+                continue
+            if not stored:
+                break
+            todo.append(key)
+        self.prefetcher.submit(todo)
+
     def _read_l2(self, items: list[tuple[int, bytes, int]],
                  deadline_s: float | None = None) -> tuple[dict[int, int], set[int]]:
         """({chunk: crc32} of the leading run of (chunk, key, reserved slot) read from L2 and verified, the slots
@@ -203,13 +239,18 @@ class KVShard:
         return self.stats.counters()
 
     def flush(self) -> None:
-        """Every copy done and every chunk handed to the L2 writer written."""
+        """Every prefetch and copy done and every chunk handed to the L2 writer written."""
+        if self.prefetcher is not None:
+            self.prefetcher.flush()
         self._reap(wait=True)
         if self.writer is not None:
             self.writer.flush()
 
     def close(self) -> None:
         self.flush()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -12,7 +12,7 @@ TIERS = (GPU, L1, L2)
 # those ranks into rank 0's `other_ranks` at each flush: rank 0 decides hits and loads for every rank, but only
 # the workers see their own store failures and bad chunks.
 RANK_COUNTERS = ("stored_l1", "stored_l2", "stored_bytes_l2", "dropped_l2", "store_errors", "writer_restarts",
-                 "checksum_failures", "failed_loads")
+                 "checksum_failures", "failed_loads", "prefetched_chunks")
 
 
 def is_level(name: str) -> bool:
@@ -126,5 +126,6 @@ class TierStats:
         return (
             f"\nkv tiers, other ranks: chunks stored l1 {o['stored_l1']}, l2 {o['stored_l2']} (dropped "
             f"{o['dropped_l2']}, store errors {o['store_errors']}, writer restarts {o['writer_restarts']}) | "
-            f"loads failed {o['failed_loads']}, checksum failures {o['checksum_failures']}"
+            f"loads failed {o['failed_loads']}, checksum failures {o['checksum_failures']} | prefetched "
+            f"{o['prefetched_chunks']} chunks"
         )

@@ -96,7 +96,7 @@ class TieredKVCacheManager(KVCacheManager):
         self.prefetcher: Prefetcher | None = None
         if l2 is not None:
             self.writer = L2Writer(l2, l1, self.stats)
-            if prefetch and peers is None:  # with TP the ranks would have to prefetch in step: not built
+            if prefetch:  # with TP every rank prefetches its own shard (peers.prefetch)
                 self.prefetcher = Prefetcher(l1, l2, self.stats, self.load_batch)
             self.device_name = torch.cuda.get_device_name(kv.device) if kv.device.type == "cuda" else "cpu"
             self.policy.restore(l2.read_measurements(), self.device_name)
@@ -221,13 +221,16 @@ class TieredKVCacheManager(KVCacheManager):
         in_l2 = self.l2.holds(keys)
         if not any(in_l2):
             return  # the common case: nothing to prefetch, and no need to match the GPU prefix cache
-        todo = []
+        run, todo = [], []  # the chunks after the GPU hit this rank holds; those of them to read from L2
         for c in range(super().lookup(token_ids).num_tokens // ct, loadable):
-            if self.l1.contains(keys[c]) or self.l1.writing(keys[c]):
-                continue
-            if not in_l2[c]:
+            in_l1 = self.l1.contains(keys[c]) or self.l1.writing(keys[c])
+            if not (in_l1 or in_l2[c]):
                 break
-            todo.append(keys[c])
+            run.append(keys[c])
+            if not in_l1:
+                todo.append(keys[c])
+        if self.peers is not None and run:
+            self.peers.prefetch(run)  # each rank reads what its own L1 lacks of them
         self.prefetcher.submit(todo)
 
     def _probe_l2(self) -> None:
