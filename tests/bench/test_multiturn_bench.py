@@ -184,7 +184,6 @@ def test_bad_multiturn_fields_are_one_line_naming_the_field(override: str, probl
             "error: bench.rounds * (bench.turn_len + bench.output_len): must be <= "
             "model.max_position_embeddings=2048, got 4016",
         ),
-        (["parallel.tp=2", "bench.compare_tiers=[gpu,l1]"], "error: parallel.tp: the KV tiers run at tp=1 only, got 2"),
     ],
 )
 def test_a_multiturn_run_it_cannot_measure_stops_with_one_line(

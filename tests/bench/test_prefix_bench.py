@@ -114,6 +114,19 @@ def test_a_restart_whose_l2_load_looks_slower_than_recompute_recomputes(tiny_che
     assert "disk_read_gbps" not in r and r["l2_load_frac"] is None  # bench.disk_probe_mb=0: no probe
 
 
+def test_prefix_with_tensor_parallelism(tiny_checkpoint: str, tmp_path: Path) -> None:
+    """tp=2 over gloo: every phase runs on both ranks' tiers (rank 0 decides, each rank its own shard), the L1
+    phase's prefix comes from both ranks' L1 and every phase gives the cold prefill's tokens."""
+    rc = main(["bench", *PREFIX, "bench.prefix_lens=[48]", "bench.iters=1", "parallel.tp=2",
+               "cache.l2.load_policy=always", f"bench.out_dir={tmp_path}"])
+    assert rc == 0
+    (row,) = _lines(tmp_path)
+    assert row["tp"] == 2 and row["outputs_identical"]
+    (run,) = row["runs"]
+    assert run["cached_tokens"]["l1"] == {"gpu": 0, "l1": 48, "l2": 0}
+    assert run["l2_choice"] == "loaded" and run["cached_tokens"]["l2"]["l2"] == 48
+
+
 def test_page_cache_drop_is_checked_with_mincore(tmp_path: Path) -> None:
     f = tmp_path / "chunk.kv"
     f.write_bytes(os.urandom(1 << 20))
