@@ -92,6 +92,12 @@ class ChunkCopier:
         else:
             self._copy.copy2d(slot_at, slot_pitch, kv_at, kv_pitch, width, height, kind, stream)
 
+    def _up(self, plans: Sequence[tuple[torch.Tensor, list[Run]]], layers: tuple[int, int]) -> None:
+        """Every planned (slot, runs) of a load into its pages, these layers."""
+        for slot, runs in plans:
+            for run in runs:
+                self._rows(slot, run, layers, H2D)
+
     def _tensor_copies(self, slot: torch.Tensor, run: Run, layers: tuple[int, int], kind: int) -> None:
         """Without the CUDA runtime's strided copy: one contiguous tensor copy per layer."""
         start, page, n = run
@@ -154,9 +160,7 @@ class ChunkCopier:
         if self.stream is None:  # the same groups as on CUDA (so the CPU tests run their arithmetic), no events
             t0 = time.perf_counter()
             for layers in self.groups:
-                for slot, runs in plans:
-                    for run in runs:
-                        self._rows(slot, run, layers, H2D)
+                self._up(plans, layers)
             self._finished.extend(_shares(tags, time.perf_counter() - t0))
             return None
         # fresh pages may have belonged to a sequence whose last step is still queued on the compute stream
@@ -165,9 +169,7 @@ class ChunkCopier:
             start = torch.cuda.Event(enable_timing=True)
             start.record(self.stream)
             for g, layers in enumerate(self.groups):
-                for slot, runs in plans:
-                    for run in runs:
-                        self._rows(slot, run, layers, H2D)
+                self._up(plans, layers)
                 if self.arrivals is not None:
                     self.arrivals.record(g, self.stream)
             done = torch.cuda.Event(enable_timing=True)

@@ -47,9 +47,9 @@ def _loaded_cudart() -> Path | None:
     except OSError:
         return None
     for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "/libcudart.so" in path:
-            return Path(path)
+        fields = line.split()
+        if fields and "/libcudart.so" in fields[-1]:
+            return Path(fields[-1])
     return None
 
 

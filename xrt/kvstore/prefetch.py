@@ -31,6 +31,20 @@ QUEUE_JOBS = 256
 LOADED_KEYS = 1 << 16
 
 
+def leading_run(l1: L1Cache, keys: list[bytes], in_l2: list[bool]) -> tuple[list[bytes], list[bytes]]:
+    """(the leading run of `keys` held in L1, being written there, or in L2; those of them to read from L2): what
+    a queued request's prefetch can bring up contiguously with what is held already."""
+    run, todo = [], []
+    for key, stored in zip(keys, in_l2, strict=True):
+        in_l1 = l1.contains(key) or l1.writing(key)
+        if not (in_l1 or stored):
+            break
+        run.append(key)
+        if not in_l1:
+            todo.append(key)
+    return run, todo
+
+
 class Prefetcher:
     def __init__(self, l1: L1Cache, l2: L2Store, stats: TierStats, load_batch: int) -> None:
         self.l1, self.l2, self.stats = l1, l2, stats

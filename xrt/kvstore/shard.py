@@ -29,7 +29,7 @@ from xrt.kvstore.build import build_l1, build_l2, chunk_layout, key_namespace
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import LoadChunk, StoreChunk
-from xrt.kvstore.prefetch import Prefetcher
+from xrt.kvstore.prefetch import Prefetcher, leading_run
 from xrt.kvstore.stats import L1, L2, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.units import MB
@@ -200,14 +200,7 @@ class KVShard:
         if self.prefetcher is None or self.l2 is None:
             return
         mine = [self._key(k) for k in keys0]
-        todo = []
-        for key, stored in zip(mine, self.l2.holds(mine), strict=True):
-            if self.l1.contains(key) or self.l1.writing(key):
-                continue
-            if not stored:
-                break
-            todo.append(key)
-        self.prefetcher.submit(todo)
+        self.prefetcher.submit(leading_run(self.l1, mine, self.l2.holds(mine))[1])
 
     def _read_l2(self, items: list[tuple[int, bytes, int]],
                  deadline_s: float | None = None) -> tuple[dict[int, int], set[int]]:

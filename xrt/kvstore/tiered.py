@@ -52,7 +52,7 @@ from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
-from xrt.kvstore.prefetch import Prefetcher
+from xrt.kvstore.prefetch import Prefetcher, leading_run
 from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.log import get_logger
@@ -221,14 +221,8 @@ class TieredKVCacheManager(KVCacheManager):
         in_l2 = self.l2.holds(keys)
         if not any(in_l2):
             return  # the common case: nothing to prefetch, and no need to match the GPU prefix cache
-        run, todo = [], []  # the chunks after the GPU hit this rank holds; those of them to read from L2
-        for c in range(super().lookup(token_ids).num_tokens // ct, loadable):
-            in_l1 = self.l1.contains(keys[c]) or self.l1.writing(keys[c])
-            if not (in_l1 or in_l2[c]):
-                break
-            run.append(keys[c])
-            if not in_l1:
-                todo.append(keys[c])
+        c0 = super().lookup(token_ids).num_tokens // ct  # the chunks after the GPU hit
+        run, todo = leading_run(self.l1, keys[c0:loadable], in_l2[c0:loadable])
         if self.peers is not None and run:
             self.peers.prefetch(run)  # each rank reads what its own L1 lacks of them
         self.prefetcher.submit(todo)
