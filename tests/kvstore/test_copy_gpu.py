@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from kvstore_support import LAYOUT, key
 
@@ -13,12 +14,16 @@ from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
 
+# (store_programs, load_programs): the copy kernel both ways with a few programs, DMA both ways, the defaults
+COPIES = [(3, 3), (0, 0), (16, 0)]
 
-def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path) -> None:
+
+@pytest.mark.parametrize(("store", "load"), COPIES)
+def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path, store: int, load: int) -> None:
     kv = torch.randn((LAYOUT.kv.num_layers, 12, 2, 4, 2, 8), device=device).to(LAYOUT.kv.dtype)
     l1 = L1Cache(LAYOUT, 4 * LAYOUT.nbytes)
     assert l1.buffer.is_pinned()
-    copier = ChunkCopier(kv)
+    copier = ChunkCopier(kv, store_programs=store, load_programs=load)
     slot = l1.reserve(key(0))
     # the compute stream writes page 5 just before the gather: the side stream must see it
     kv[:, 5].fill_(3.0)
@@ -51,7 +56,8 @@ def test_copies_go_through_the_cuda_runtime(device: torch.device) -> None:
     assert isinstance(copier._copy, CudaCopy) and copier._copy.max_pitch > 0
 
 
-def test_a_load_records_each_layer_groups_arrival(device: torch.device) -> None:
+@pytest.mark.parametrize("load", [0, 5])
+def test_a_load_records_each_layer_groups_arrival(device: torch.device, load: int) -> None:
     """scatter_chunks over several chunks (runs, scattered pages, a skipped prefix) equals index_copy_; each
     layer gets its group's event in the arrivals (the same events a graph captures its waits on)."""
     import random
@@ -64,7 +70,7 @@ def test_a_load_records_each_layer_groups_arrival(device: torch.device) -> None:
     kv = torch.randn((7, pages_total, 2, 16, 8, 128), device=device).to(torch.bfloat16)
     want = kv.clone()
     arrivals = KVArrivals(7, device, groups=3)
-    copier = ChunkCopier(kv, arrivals)
+    copier = ChunkCopier(kv, arrivals, load_programs=load)
     l1 = L1Cache(layout, 3 * layout.nbytes)
     rng = random.Random(0)
     free = list(range(pages_total))
@@ -88,11 +94,13 @@ def test_a_load_records_each_layer_groups_arrival(device: torch.device) -> None:
     assert torch.equal(kv, want)
 
 
-def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device) -> None:
-    """A KV cache of more than 2 GiB a layer (the device's largest cudaMemcpy2D pitch): rows one by one."""
+@pytest.mark.parametrize("programs", [0, 8])
+def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device, programs: int) -> None:
+    """A KV cache of more than 2 GiB a layer (the device's largest cudaMemcpy2D pitch): rows one by one (DMA);
+    the copy kernel's int64 row offsets reach past 2**31 words."""
     pages = (2 << 30) // (2 * 16 * 8 * 128 * 2) + 8  # just over 2 GiB a layer, bf16 pages of 64 KiB
     kv = torch.zeros((2, pages, 2, 16, 8, 128), device=device, dtype=torch.bfloat16)
-    copier = ChunkCopier(kv)
+    copier = ChunkCopier(kv, store_programs=programs, load_programs=programs)
     assert kv.stride(0) * 2 > copier._copy.max_pitch  # type: ignore[union-attr]
     slot = torch.randn((2, 3, 2, 16, 8, 128)).to(torch.bfloat16).pin_memory()
     ids = [pages - 3, pages - 2, pages - 1]
@@ -106,8 +114,9 @@ def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device
 
 
 def test_a_gather_leaves_the_steps_read_back_alone(device: torch.device) -> None:
-    """Gathers write pinned slots with copy kernels: a small read-back on the compute stream queued after 32 of
-    them completes before they do (a DMA gather would hold it until the last one), and the bytes are right."""
+    """Gathers write pinned slots with the bounded copy kernel (cache.l1.store_programs, 16): a small read-back on the
+    compute stream queued after 32 of them completes before they do (a DMA gather would hold it until the last
+    one), and the bytes are right."""
     import time
 
     kv = torch.randn((28, 1024, 2, 16, 8, 128), device=device).to(torch.bfloat16)

@@ -256,6 +256,14 @@ class L2LoadPolicy(enum.Enum):
 class L1Args:
     size_gb: float = field(4.0, help="L1 KV tier: host memory (pinned on CUDA) for KV chunks", unit="GB",
                            validator=gt(0))
+    store_programs: int = field(
+        16, help="thread blocks of the copy kernel that stores chunks GPU -> L1 on CUDA (few: the model keeps the "
+        "other SMs); 0: DMA copies, which queue ahead of the steps' own token read-backs", validator=[ge(0), le(4096)]
+    )
+    load_programs: int = field(
+        0, help="thread blocks of the copy kernel that loads chunks L1 -> GPU on CUDA; 0: DMA copies on the copy "
+        "engine", validator=[ge(0), le(4096)]
+    )
 
 
 @attrs.define

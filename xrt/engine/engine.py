@@ -214,6 +214,8 @@ class LLMEngine:
         now = time.perf_counter()
         for seq, token in zip(seqs, tokens, strict=True):
             self._append(seq, token, now)
+        if self.tiers is not None:
+            self.tiers.start_stores()  # the chunks this step completed, now that its tokens are read back
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
@@ -238,6 +240,8 @@ class LLMEngine:
         tokens = launch.pending.tokens()
         now = time.perf_counter()
         self.scheduler.decode_resolved(launch.seqs, launch.positions, tokens, now, self._append)
+        if self.tiers is not None:
+            self.tiers.start_stores()
 
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         self.num_generated_tokens += 1

@@ -10,8 +10,9 @@ import os
 import attrs
 
 from xrt.config import KVTiers, XrtConfig
-from xrt.kvcache.device import DeviceKVCache, KVLayout
+from xrt.kvcache.device import DeviceKVCache, KVArrivals, KVLayout
 from xrt.kvstore.chunk import ChunkLayout
+from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
@@ -61,6 +62,12 @@ def build_tiered(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | 
     namespace = key_namespace(cfg, kv, checkpoint_dir, 0, cfg.parallel.tp)
     l1 = build_l1(cfg, layout)
     l2 = build_l2(cfg, namespace, l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
-    return TieredKVCacheManager(kv_cache.num_pages, kv.page_size, kv_cache.tensor, layout, namespace, l1, l2,
-                                cfg.cache.l2.load_policy, cfg.cache.l2.load_batch_mb, peers, cfg.cache.l2.prefetch,
-                                kv_cache.arrivals)
+    return TieredKVCacheManager(kv_cache.num_pages, kv.page_size, build_copier(cfg, kv_cache, kv_cache.arrivals),
+                                layout, namespace, l1, l2, cfg.cache, peers)
+
+
+def build_copier(cfg: XrtConfig, kv_cache: DeviceKVCache, arrivals: KVArrivals | None = None) -> ChunkCopier:
+    """The copies between the KV pages and L1 slots (cache.l1's copy kernels); `arrivals`: the next forward pass
+    waits per layer group of a load (rank 0's; the other ranks' loads are waited for whole)."""
+    l1 = cfg.cache.l1
+    return ChunkCopier(kv_cache.tensor, arrivals, store_programs=l1.store_programs, load_programs=l1.load_programs)

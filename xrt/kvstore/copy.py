@@ -4,9 +4,11 @@ layout of chunk.py: the same axes with the chunk's pages picked out).
 A chunk's pages are split into runs of consecutive page ids (the KV manager hands out a sequence's fresh pages
 in ascending order, so a chunk is usually one run); a run is one strided copy of every layer's rows at once,
 straight between the slot and the pages, with no index tensor, no device temporary and nothing that blocks
-the host: up (a load) a DMA copy (memcpy.py: cudaMemcpy2DAsync; memmove rows on CPU), down (a store) a copy
-kernel writing the pinned slot through its device mapping, which leaves the D2H copy engine to the steps'
-own read-backs (see `gather`).
+the host. On CUDA each direction is either a copy kernel with a bounded grid (xrt/kernels/copy_rows.py,
+reaching the pinned slot through its device mapping; `cache.l1.store_programs` / `load_programs` programs) or,
+with 0 programs, a DMA copy on the copy engine (memcpy.py: cudaMemcpy2DAsync); on CPU memmove rows, the same
+address arithmetic. Stores default to the kernel: a DMA copy down queues on the D2H copy engine ahead of the
+steps' own read-backs (see `gather`).
 
 On CUDA both directions run on a side stream, so a decode step on the compute stream never waits for them.
 `gather` first makes the side stream wait for the compute stream (the pages' KV was written there).
@@ -48,7 +50,9 @@ def page_runs(page_ids: Sequence[int]) -> list[Run]:
 
 
 class ChunkCopier:
-    def __init__(self, kv: torch.Tensor, arrivals: KVArrivals | None = None, groups: int = LAYER_GROUPS) -> None:
+    def __init__(self, kv: torch.Tensor, arrivals: KVArrivals | None = None, groups: int = LAYER_GROUPS,
+                 store_programs: int = 16, load_programs: int = 0) -> None:
+        """store_programs / load_programs: the copy kernel's programs for gathers / scatters on CUDA; 0: DMA."""
         if not kv.is_contiguous():
             raise ValueError("ChunkCopier needs the contiguous KV tensor [layers, pages, ...]")
         self.kv = kv
@@ -58,8 +62,10 @@ class ChunkCopier:
         self.page_bytes = kv[0, 0].numel() * kv.element_size()
         self.stream = torch.cuda.Stream(device=kv.device) if kv.device.type == "cuda" else None
         self._copy: StridedCopy | None = HostCopy()
+        self._programs = {D2H: 0, H2D: 0}  # per direction: the copy kernel's programs, 0 for DMA copies
         if self.stream is not None:
             self._copy = CudaCopy.load(kv.device.index or 0)  # None: per-layer tensor copies (_tensor_copies)
+            self._programs = {D2H: store_programs, H2D: load_programs}
         self._timed: deque[tuple[torch.cuda.Event, torch.cuda.Event, dict[str, int]]] = deque()
         self._finished: list[tuple[str, int, float]] = []
 
@@ -76,6 +82,9 @@ class ChunkCopier:
 
     def _rows(self, slot: torch.Tensor, run: Run, layers: tuple[int, int], kind: int) -> None:
         """One run's pages of these layers: slot <-> KV pages (kind H2D: into the pages)."""
+        if self._programs[kind] and slot.is_pinned():
+            self._kernel_rows(slot, run, layers, kind)
+            return
         if self._copy is None:
             self._tensor_copies(slot, run, layers, kind)
             return
@@ -91,6 +100,19 @@ class ChunkCopier:
             self._copy.copy2d(kv_at, kv_pitch, slot_at, slot_pitch, width, height, kind, stream)
         else:
             self._copy.copy2d(slot_at, slot_pitch, kv_at, kv_pitch, width, height, kind, stream)
+
+    def _kernel_rows(self, slot: torch.Tensor, run: Run, layers: tuple[int, int], kind: int) -> None:
+        """_rows by the bounded copy kernel, on the current (side) stream, through the slot's device mapping."""
+        from xrt.kernels.copy_rows import copy_rows  # triton: only on CUDA
+
+        start, page, n = run
+        l0, l1 = layers
+        pages = self.kv[l0:l1, page : page + n].flatten(1)
+        mapped = _device_alias(slot[l0:l1, start : start + n], self.kv.device).flatten(1)
+        if kind == H2D:
+            copy_rows(pages, mapped, self._programs[kind])
+        else:
+            copy_rows(mapped, pages, self._programs[kind])
 
     def _up(self, plans: Sequence[tuple[torch.Tensor, list[Run]]], layers: tuple[int, int]) -> None:
         """Every planned (slot, runs) of a load into its pages, these layers."""
@@ -127,17 +149,8 @@ class ChunkCopier:
             return None
         self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
         with torch.cuda.stream(self.stream):
-            if slot.is_pinned():
-                # A copy kernel writing the pinned slot through its device mapping, not a DMA copy: the copy
-                # engine runs D2H copies in order, so the step's own read-back (its sampled tokens) queued behind
-                # a prompt's gathers waited for all of them (H200, 32 chunks of 0.6B: read back at 18-20 ms with
-                # DMA copies, 1.4-2.2 ms with copy kernels, same ~47 GB/s overall).
-                mapped = _device_alias(slot, self.kv.device)
-                for start, page, n in runs:
-                    mapped[:, start : start + n].copy_(self.kv[:, page : page + n])
-            else:  # pageable memory has no device mapping
-                for run in runs:
-                    self._rows(slot, run, every, D2H)
+            for run in runs:
+                self._rows(slot, run, every, D2H)
             done = torch.cuda.Event()
             done.record(self.stream)
         return done

@@ -25,8 +25,7 @@ import torch
 
 from xrt.config import KVTiers, XrtConfig
 from xrt.kvcache.device import DeviceKVCache
-from xrt.kvstore.build import build_l1, build_l2, chunk_layout, key_namespace
-from xrt.kvstore.copy import ChunkCopier
+from xrt.kvstore.build import build_copier, build_l1, build_l2, chunk_layout, key_namespace
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import LoadChunk, StoreChunk
 from xrt.kvstore.prefetch import Prefetcher, leading_run
@@ -62,7 +61,7 @@ class KVShard:
         self.digest = namespace.digest()
         self.l1 = build_l1(cfg, self.layout)
         self.l2 = build_l2(cfg, namespace, self.l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
-        self.copier = ChunkCopier(kv_cache.tensor)
+        self.copier = build_copier(cfg, kv_cache)
         self.stats = TierStats()  # this rank's writer counts here; rank 0's stats are the run's
         self.writer = L2Writer(self.l2, self.l1, self.stats) if self.l2 is not None else None
         self.load_batch = max(1, cfg.cache.l2.load_batch_mb * MB // self.layout.nbytes)

@@ -1,8 +1,9 @@
 """A KV cache manager with L1 (and L2) below the GPU pages: the attach points of kvcache/manager.py's docstring.
 
 Store: a commit listener sees pages become full and computed; every chunk (cache.chunk_tokens tokens, whole
-pages) that became complete is gathered from the device pages into an L1 slot (on CUDA on a side stream, the
-pages pinned until its event completes; on CPU at once) and published there; with L2, the published chunk
+pages) that became complete gets an L1 slot, and once the step's tokens are read back (`start_stores`) is
+gathered from the device pages into it (on CUDA on a side stream, the pages pinned until its event completes;
+on CPU at once) and published there; with L2, the published chunk
 goes on a bounded queue to a background thread that writes batches of them through NIXL. A full queue drops
 the L2 copy (counted) rather than wait: a decode step never blocks on storage.
 
@@ -41,8 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xrt.config import L2LoadPolicy
-from xrt.kvcache.device import KVArrivals
+from xrt.config import CacheArgs, L2LoadPolicy
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.manager import KVCacheManager
 from xrt.kvstore.chunk import ChunkLayout
@@ -75,28 +75,30 @@ class TieredHit(PrefixHit):
 
 
 class TieredKVCacheManager(KVCacheManager):
-    def __init__(self, num_pages: int, page_size: int, kv: torch.Tensor, layout: ChunkLayout,
-                 namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None,
-                 load_policy: L2LoadPolicy = L2LoadPolicy.MEASURED, load_batch_mb: int = 256,
-                 peers: TierPeers | None = None, prefetch: bool = True, arrivals: KVArrivals | None = None) -> None:
+    def __init__(self, num_pages: int, page_size: int, copier: ChunkCopier, layout: ChunkLayout,
+                 namespace: KeyNamespace, l1: L1Cache, l2: L2Store | None, cache: CacheArgs,
+                 peers: TierPeers | None = None) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
         self.peers = peers
         self.chunk_tokens = layout.chunk_tokens
         self.ppc = layout.pages_per_chunk
-        self.copier = ChunkCopier(kv, arrivals)
+        self.copier = copier
+        kv = copier.kv
         self.stats = TierStats()
         self.policy = LoadPolicy()
-        self.measured = load_policy is L2LoadPolicy.MEASURED
-        self.load_batch = max(1, load_batch_mb * MB // layout.nbytes)  # chunks per L2 read
+        self.measured = cache.l2.load_policy is L2LoadPolicy.MEASURED
+        self.load_batch = max(1, cache.l2.load_batch_mb * MB // layout.nbytes)  # chunks per L2 read
         self.prefill_clock = PrefillClock(kv.device)
+        self._to_gather: list[tuple[list[int], int, bytes]] = []  # (pages, slot, key) committed, not yet copied
+        self._peer_stores: list[tuple[bytes, list[int]]] = []  # the other ranks' part of them (key, pages)
         self._gathers: list[tuple[torch.cuda.Event | None, list[int], int, bytes]] = []  # (done, pages, slot, key)
         self._scatters: list[tuple[torch.cuda.Event, int]] = []  # (done, L1 slot the copy still reads)
         self.writer: L2Writer | None = None
         self.prefetcher: Prefetcher | None = None
         if l2 is not None:
             self.writer = L2Writer(l2, l1, self.stats)
-            if prefetch:  # with TP every rank prefetches its own shard (peers.prefetch)
+            if cache.l2.prefetch:  # with TP every rank prefetches its own shard (peers.prefetch)
                 self.prefetcher = Prefetcher(l1, l2, self.stats, self.load_batch)
             self.device_name = torch.cuda.get_device_name(kv.device) if kv.device.type == "cuda" else "cpu"
             self.policy.restore(l2.read_measurements(), self.device_name)
@@ -122,8 +124,8 @@ class TieredKVCacheManager(KVCacheManager):
         keys = chunk_keys(event.seq.token_ids[: last * ct], self.namespace)
         if self.peers is not None:
             # every chunk, not only those this rank lacks: another rank may lack one this rank holds
-            self.peers.store([(keys[c], event.seq.page_table[c * self.ppc : (c + 1) * self.ppc])
-                              for c in range(first, last)])
+            self._peer_stores.extend((keys[c], event.seq.page_table[c * self.ppc : (c + 1) * self.ppc])
+                                     for c in range(first, last))
         for c in range(first, last):
             key = keys[c]
             try:
@@ -134,7 +136,21 @@ class TieredKVCacheManager(KVCacheManager):
                 continue  # in L1 already (loaded from a tier, or another sequence stored it)
             pages = event.seq.page_table[c * self.ppc : (c + 1) * self.ppc]
             self.pin(pages)
+            self._to_gather.append((pages, slot, key))
+
+    def start_stores(self) -> None:
+        """Start the copies of the chunks committed since the last call (the engine calls this once the step
+        that committed them has its tokens read back). Not at the commit itself: that comes between a prefill's
+        forward pass and its sampler, and the copies (940 MB for an 8k-token Qwen3-0.6B prompt, ~19 ms over
+        PCIe) would share the GPU with the sampler and delay the first token; after the read-back they share
+        it with the next step, whose launch the host is still preparing."""
+        if self._peer_stores:
+            stores, self._peer_stores = self._peer_stores, []
+            assert self.peers is not None
+            self.peers.store(stores)
+        for pages, slot, key in self._to_gather:
             self._gathers.append((self.copier.gather(pages, self.l1.slot_view(slot)), pages, slot, key))
+        self._to_gather = []
         self._reap()
 
     def _reap(self) -> None:
@@ -169,6 +185,7 @@ class TieredKVCacheManager(KVCacheManager):
 
     def flush_local(self) -> None:
         """flush, this rank's writer only (and its prefetches and copies up, so every L1 slot is free)."""
+        self.start_stores()
         if self.prefetcher is not None:
             self.prefetcher.flush()
         for done, _ in self._scatters:
@@ -256,6 +273,8 @@ class TieredKVCacheManager(KVCacheManager):
         """The chunk being written into L1 (prefetch, gather), acquired once written; None when that takes
         longer than recomputing the chunks from here on would (counted: skipped_slow when the policy declines to
         wait, abandoned_loads when the wait runs out) or the write failed."""
+        if any(k == key for *_, k in self._to_gather):
+            self.start_stores()
         if any(k == key for *_, k in self._gathers):
             # this thread's own gather (CUDA): only _reap publishes it, so wait for its copy here, not for a
             # publish that would never come while this thread waits
@@ -285,6 +304,7 @@ class TieredKVCacheManager(KVCacheManager):
         return self.stats.skipped_slow + self.stats.abandoned_loads
 
     def lookup(self, token_ids: list[int]) -> PrefixHit:
+        self.start_stores()  # a caller other than the engine may not have; the last step is read back by now
         self._reap()
         self._fold_times()
         self.stats.lookups += 1
