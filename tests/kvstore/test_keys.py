@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import attrs
+import pytest
 
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest, chunk_keys
 
@@ -61,3 +62,32 @@ def test_checkpoint_digest_follows_the_files(tmp_path: Path) -> None:
     assert checkpoint_digest(tmp_path) == first
     (tmp_path / "model.safetensors").write_bytes(b"b" * 100)
     assert checkpoint_digest(tmp_path) != first
+
+
+def test_key_cache_matches_chunk_keys_as_a_list_grows() -> None:
+    """ChunkKeyCache gives chunk_keys' keys for a list as it grows by appends (a sequence decoding), keeps one
+    entry per list object (an equal list of other tokens never reads another's keys), and forgets."""
+    import random
+
+    from xrt.kvstore.keys import ChunkKeyCache
+
+    ct = NS.chunk_tokens
+    cache = ChunkKeyCache(NS, capacity=2)
+    rng = random.Random(1)
+    tokens = [rng.randrange(1000) for _ in range(2 * ct + 3)]
+    assert cache.keys(tokens, 1) == chunk_keys(tokens[:ct], NS)
+    assert cache.keys(tokens, 2) == chunk_keys(tokens, NS)
+    tokens.extend(rng.randrange(1000) for _ in range(ct))  # a third chunk completes
+    assert cache.keys(tokens, 3) == chunk_keys(tokens, NS)
+    other = list(tokens)
+    other[5] += 1  # the same length, other tokens: its own keys, never the first list's
+    assert cache.keys(other, 3) == chunk_keys(other, NS) != chunk_keys(tokens, NS)
+    assert cache.keys(tokens, 2) == chunk_keys(tokens, NS)[:2]
+    with pytest.raises(ValueError, match="4 chunks"):
+        cache.keys(tokens, 4)
+    cache.forget(tokens)
+    assert cache.keys(tokens, 3) == chunk_keys(tokens, NS)
+    third = [rng.randrange(1000) for _ in range(ct)]
+    cache.keys(third, 1)  # past capacity 2: the oldest entry goes, and every list still gets its own keys
+    assert len(cache._entries) == 2
+    assert cache.keys(other, 3) == chunk_keys(other, NS)

@@ -166,7 +166,9 @@ class LLMEngine:
         )
         self.scheduler.add(seq)
         if self.tiers is not None:
-            self.tiers.prefetch(ids)  # its L2 prefix into L1 while it waits for admission
+            # its L2 prefix into L1 while it waits for admission (seq.token_ids: the list whose chunk keys the
+            # lookup and the stores reuse)
+            self.tiers.prefetch(seq.token_ids)
         return request_id
 
     def has_unfinished(self) -> bool:

@@ -47,7 +47,7 @@ from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.manager import KVCacheManager
 from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.copy import ChunkCopier
-from xrt.kvstore.keys import KeyNamespace, chunk_keys
+from xrt.kvstore.keys import ChunkKeyCache, KeyNamespace
 from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.peers import TierPeers
@@ -80,6 +80,7 @@ class TieredKVCacheManager(KVCacheManager):
                  peers: TierPeers | None = None) -> None:
         super().__init__(num_pages, page_size, prefix_caching=True)
         self.layout, self.namespace, self.l1, self.l2 = layout, namespace, l1, l2
+        self.keys = ChunkKeyCache(namespace)
         self.peers = peers
         self.chunk_tokens = layout.chunk_tokens
         self.ppc = layout.pages_per_chunk
@@ -121,7 +122,7 @@ class TieredKVCacheManager(KVCacheManager):
         first = max(first, 0)
         if last <= first:
             return
-        keys = chunk_keys(event.seq.token_ids[: last * ct], self.namespace)
+        keys = self.keys.keys(event.seq.token_ids, last)
         if self.peers is not None:
             # every chunk, not only those this rank lacks: another rank may lack one this rank holds
             self._peer_stores.extend((keys[c], event.seq.page_table[c * self.ppc : (c + 1) * self.ppc])
@@ -152,6 +153,10 @@ class TieredKVCacheManager(KVCacheManager):
             self._gathers.append((self.copier.gather(pages, self.l1.slot_view(slot)), pages, slot, key))
         self._to_gather = []
         self._reap()
+
+    def free(self, seq: KVSeq) -> None:
+        super().free(seq)
+        self.keys.forget(seq.token_ids)  # finished or preempted: a re-admission keys it again
 
     def _reap(self) -> None:
         """Publish the gathers whose copy is done, unpin their pages and hand them to the L2 writer; release
@@ -234,7 +239,7 @@ class TieredKVCacheManager(KVCacheManager):
         assert self.l2 is not None
         ct = self.chunk_tokens
         loadable = (len(token_ids) - 1) // ct
-        keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
+        keys = self.keys.keys(token_ids, loadable)
         in_l2 = self.l2.holds(keys)
         if not any(in_l2):
             return  # the common case: nothing to prefetch, and no need to match the GPU prefix cache
@@ -314,7 +319,7 @@ class TieredKVCacheManager(KVCacheManager):
         c0 = hit.num_tokens // ct
         if loadable <= c0:
             return hit
-        keys = chunk_keys(token_ids[: loadable * ct], self.namespace)
+        keys = self.keys.keys(token_ids, loadable)
         in_l2 = self.l2.holds(keys[c0:]) if self.l2 is not None else [False] * (loadable - c0)
         chunks: list[tuple[int, bytes, str]] = []
         for c in range(c0, loadable):
