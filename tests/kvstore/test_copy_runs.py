@@ -96,7 +96,7 @@ def test_scatter_chunks_is_index_copy(dtype: torch.dtype, groups: int) -> None:
     assert copier.scatter_chunks(chunks) is None
     assert torch.equal(kv, want)
     got = {tag: nbytes for tag, nbytes, _ in copier.finished_scatters()}
-    page_bytes = kv[0, 0].numel() * kv.element_size()
+    page_bytes = kv[:, 0].numel() * kv.element_size()  # a page of every layer: what a chunk's page moves
     assert got == {"l1": (4 + 1) * page_bytes, "l2": (4 + 3) * page_bytes}
     assert copier.finished_scatters() == []  # handed back once
 

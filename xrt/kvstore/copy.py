@@ -169,7 +169,7 @@ class ChunkCopier:
         for slot, page_ids, tag in chunks:
             self._check_slot(slot, len(page_ids))
             plans.append((slot, page_runs(page_ids)))
-            tags[tag] = tags.get(tag, 0) + len(page_ids) * self.page_bytes
+            tags[tag] = tags.get(tag, 0) + len(page_ids) * self.page_bytes * self.kv.shape[0]  # every layer's
         if self.stream is None:  # the same groups as on CUDA (so the CPU tests run their arithmetic), no events
             t0 = time.perf_counter()
             for layers in self.groups:
