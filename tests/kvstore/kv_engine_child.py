@@ -73,8 +73,20 @@ def slow_index_reads(seconds: float) -> None:
     L2Index._read = slow_read  # type: ignore[method-assign]
 
 
+def slow_stores(seconds: float) -> None:
+    store = L2Store.store
+
+    def slow_store(self: L2Store, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return store(self, *args, **kwargs)
+
+    L2Store.store = slow_store  # type: ignore[method-assign]
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("slow_l2_store"):
+        slow_stores(spec["slow_l2_store"])
     if spec.get("index_read_delay"):
         slow_index_reads(spec["index_read_delay"])
     cfg = tiny_config(
@@ -96,6 +108,9 @@ def main() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize["limit"], limits[1]))
     outputs = generate_each(llm, prompts[:split])
+    if spec.get("exit_unflushed"):
+        Path(spec["out"]).write_text(json.dumps({"pid": os.getpid(), "outputs": outputs, "stats": {}}))
+        return
     tiers.flush()
     if fsize:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)

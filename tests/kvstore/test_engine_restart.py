@@ -13,12 +13,15 @@ from kvstore_support import (
     CHUNK,
     break_transfers,
     check_l2_dir,
+    child_result,
     computed_keys,
     file_ids,
     generate_each,
+    kill_left,
     namespace_dir,
     reference,
     settle,
+    spawn_child,
     tail,
     tier_cache,
     tiers_of,
@@ -101,3 +104,24 @@ def test_storing_a_chunk_l2_holds_leaves_it_alone(
     assert set(asked) <= set(entries) and len(asked) == 4 - loaded  # it was asked, for chunks L2 holds
     assert stats.stored_l2 == 0
     assert file_ids(d) == before and check_l2_dir(d) == entries
+
+
+def test_exit_without_close_still_writes_l2(
+    diverse_cfg: Callable[..., XrtConfig], tiny_checkpoint_diverse: str, tmp_path: Path
+) -> None:
+    """A process that exits with stores still queued (no flush, no close): the manager's exit hook writes them,
+    after the interpreter has stopped taking work on its executors (the checksums then run in the hook's thread),
+    so the directory holds every computed chunk, whole and verified."""
+    rng = random.Random(5)
+    prompts = [tokens(rng, 4 * CHUNK + 2) + tail(rng, 0, 5), tokens(rng, 3 * CHUNK) + tail(rng, 1, 3)]
+    spec = {"checkpoint": tiny_checkpoint_diverse, "l2_path": str(tmp_path / "l2"), "prompts": prompts,
+            "out": str(tmp_path / "out.json"), "exit_unflushed": True, "slow_l2_store": 0.3}
+    proc = spawn_child(spec, tmp_path / "spec.json")
+    try:
+        result = child_result(proc, spec)
+    finally:
+        kill_left([proc])
+    stored = check_l2_dir(namespace_dir(tmp_path / "l2"))
+    ns = tiers_of(LLM(diverse_cfg(cache=tier_cache(KVTiers.L1_L2, tmp_path / "other")))).namespace
+    want = computed_keys([p + o for p, o in zip(prompts, result["outputs"], strict=True)], ns)
+    assert len(want) >= 7 and set(stored) == want

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import checksum
@@ -62,6 +62,8 @@ from xrt.log import get_logger
 from xrt.units import GB
 
 log = get_logger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 DIR_PREFIX = "xrt-kv-"
 # Spin this long before sleeping between polls: a POSIX batch of a few chunks is often done within it.
 SPIN_S = 200e-6
@@ -239,6 +241,15 @@ class L2Store:
             self.index.refresh()
             return len(self.index.entries)
 
+    def _parallel(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """fn over items on the checksum threads; in this thread once the interpreter is shutting down (its
+        executors refuse new work before atexit hooks run, and the manager's hook flushes the writer then)."""
+        try:
+            results = self._verify.map(fn, items)  # submits every item now: a refusal raises here
+        except RuntimeError:
+            return [fn(item) for item in items]
+        return list(results)
+
     # ------------------------------------------------------------------ transfers
 
     def _open_read(self, path: Path) -> int:
@@ -351,7 +362,7 @@ class L2Store:
                     if k.hex() not in index.entries]
         # more than the limit at once would only evict part of this batch again
         todo = todo[: self.limit]
-        crcs = self._verify.map(lambda t: self.l1.checksum_of(t[0], t[1]) if t[2] is None else t[2], todo)
+        crcs = self._parallel(lambda t: self.l1.checksum_of(t[0], t[1]) if t[2] is None else t[2], todo)
         todo = [(k, s, c) for (k, s, _), c in zip(todo, crcs, strict=True)]
         if not todo:
             return []
@@ -444,7 +455,7 @@ class L2Store:
                 except L2Error as e:
                     log.warning("L2 load of %d chunks failed: %s", len(want), e)
                     return LoadResult(ok, time.perf_counter() - start)
-                crcs = list(self._verify.map(lambda w: checksum(self.l1.slot_bytes(items[w[0]][1])), want))
+                crcs = self._parallel(lambda w: checksum(self.l1.slot_bytes(items[w[0]][1])), want)
                 for (i, key_hex, crc, _), got in zip(want, crcs, strict=True):
                     if got == crc:
                         ok[i] = crc
