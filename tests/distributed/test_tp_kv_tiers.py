@@ -16,7 +16,17 @@ import pytest
 from tp_helpers import tiny_config, tp_workers
 
 from xrt import load_config
-from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, L2LoadPolicy, ParallelArgs, SamplingArgs, XrtConfig
+from xrt.config import (
+    CacheArgs,
+    KVTiers,
+    L1Args,
+    L2Args,
+    L2LoadPolicy,
+    ParallelArgs,
+    SamplingArgs,
+    SchedulerArgs,
+    XrtConfig,
+)
 from xrt.distributed.driver import TPRunner
 from xrt.distributed.kv_wire import (
     decode_kv_load,
@@ -44,11 +54,11 @@ def prompts() -> list[list[int]]:
     return [shared[i % 2] + [rng.randrange(3, 2000) for _ in range(5 + 7 * i)] for i in range(4)]
 
 
-def config(checkpoint: str, tp: int, tiers: KVTiers, path: Path) -> XrtConfig:
+def config(checkpoint: str, tp: int, tiers: KVTiers, path: Path, **kw: object) -> XrtConfig:
     return tiny_config(checkpoint, parallel=ParallelArgs(tp=tp, timeout_s=60),
                        cache=CacheArgs(page_size=4, num_pages=256, chunk_tokens=CHUNK, tiers=tiers,
                                        l1=L1Args(size_gb=0.002),
-                                       l2=L2Args(path=str(path), load_policy=L2LoadPolicy.ALWAYS)))
+                                       l2=L2Args(path=str(path), load_policy=L2LoadPolicy.ALWAYS)), **kw)
 
 
 def one_by_one(llm: LLM, evict: bool = False) -> list[list[int]]:
@@ -68,8 +78,8 @@ def tiers_of(llm: LLM) -> TieredKVCacheManager:
 class Run:
     """A tp=2 run on the L2 directory, closed on leaving (one tensor-parallel run per process at a time)."""
 
-    def __init__(self, checkpoint: str, path: Path) -> None:
-        self.cfg = config(checkpoint, 2, KVTiers.L1_L2, path)
+    def __init__(self, checkpoint: str, path: Path, **kw: object) -> None:
+        self.cfg = config(checkpoint, 2, KVTiers.L1_L2, path, **kw)
         self.runner = TPRunner(self.cfg)
         self.llm = LLM(self.cfg, runner=self.runner)
 
@@ -115,10 +125,11 @@ def test_prefixes_from_every_ranks_l1_then_l2(tiny_checkpoint_diverse: str, tmp_
     names = [{f.name.split("-")[0] for f in d.glob("*.kv")} for d in dirs]
     assert not names[0] & names[1]  # the ranks' keys differ
 
-    # a new run on the same directory: empty GPU caches and L1s, the prefixes come from both ranks' L2, read ahead
-    # of admission by each rank's own prefetch thread (cache.l2.prefetch: a queued request's prefix)
-    with Run(tiny_checkpoint_diverse, tmp_path) as run:
-        assert one_by_one(run.llm) == want
+    # a new run on the same directory: empty GPU caches and L1s, the prefixes come from both ranks' L2; the
+    # prompts queued together, one sequence at a time, so those behind the first wait and are read ahead of
+    # admission by each rank's own prefetch thread (cache.l2.prefetch: a waiting request's prefix)
+    with Run(tiny_checkpoint_diverse, tmp_path, scheduler=SchedulerArgs(max_num_seqs=1)) as run:
+        assert [o.token_ids for o in run.llm.generate(prompts(), SAMPLING, use_tqdm=False)] == want
         stats = tiers_of(run.llm).stats
         assert stats.hit_tokens[L2] >= 8 * CHUNK and stats.failed_loads == 0
         tiers_of(run.llm).flush()

@@ -47,3 +47,25 @@ def test_prefetch_off_loads_at_admission(diverse_cfg: Callable[..., XrtConfig], 
     assert out.cached_tokens[L2] == 5 * CHUNK and s.prefetched_chunks == 0
     assert s.loaded_bytes[L2] == 5 * tiers_of(llm).layout.nbytes
     assert attrs.fields(type(cfg.cache.l2)).prefetch.default is True  # the default is on
+
+
+def test_a_request_admitted_at_once_is_not_prefetched(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path) -> None:
+    """Prefetch on, nothing ahead of the request: its first schedule admits it and loads its L2 prefix itself; a
+    prefetch would only have competed with its own prefill on the host."""
+    first = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
+    outputs(first, prompts(0)[:1])
+    tiers_of(first).close()
+    llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, prefetch=True), scheduler=SchedulerArgs(max_num_seqs=1)))
+    tiers = tiers_of(llm)
+    assert tiers.prefetcher is not None
+    asked: list[int] = []  # the prompt lengths the engine asked the tiers to prefetch
+    prefetch = tiers.prefetch
+    tiers.prefetch = lambda ids: (asked.append(len(ids)), prefetch(ids))[1]  # type: ignore[method-assign]
+    out = llm.generate([prompts(0)[2]], SAMPLING, use_tqdm=False)[0]
+    s = tiers.stats
+    assert asked == [] and out.cached_tokens[L2] == 5 * CHUNK and s.prefetched_chunks == 0
+    assert s.loaded_bytes[L2] == 5 * tiers.layout.nbytes
+    # one behind another (one sequence at a time): that one waits, and is prefetched
+    behind = prompts(1)[1]
+    llm.generate([behind, prompts(0)[0]], [SamplingArgs(max_tokens=8, ignore_eos=True), SAMPLING], use_tqdm=False)
+    assert asked == [len(prompts(0)[0])]

@@ -28,7 +28,7 @@ from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
-from xrt.engine.sequence import Sequence
+from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.engine.stop import finish_reason
 from xrt.engine.tokenizer import Tokenizer
 from xrt.engine.validate_prompts import Prompt, check_prompt
@@ -103,6 +103,7 @@ class LLMEngine:
         # executor.overlap=false turns overlapping off, to measure what it buys.
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
+        self._queued: list[Sequence] = []  # queued since the last step was scheduled (KV tiers: prefetch)
         self._warned_max_tokens = False
         self.num_steps = 0
         self.num_prefill_tokens = 0
@@ -166,9 +167,7 @@ class LLMEngine:
         )
         self.scheduler.add(seq)
         if self.tiers is not None:
-            # its L2 prefix into L1 while it waits for admission (seq.token_ids: the list whose chunk keys the
-            # lookup and the stores reuse)
-            self.tiers.prefetch(seq.token_ids)
+            self._queued.append(seq)  # prefetched if it is still waiting once a step is scheduled
         return request_id
 
     def has_unfinished(self) -> bool:
@@ -183,6 +182,7 @@ class LLMEngine:
                 self._launch_overlapped()
             if self._inflight:
                 self._launch_overlapped()
+                self._prefetch_waiting()
                 self._resolve(self._inflight.popleft())
                 if self._inflight:
                     return self._outputs()
@@ -192,6 +192,7 @@ class LLMEngine:
     def _step_sync(self) -> None:
         scheduled = self.scheduler.schedule()
         if scheduled is None:
+            self._prefetch_waiting()
             return
         self.num_steps += 1
         step = scheduled.step
@@ -200,7 +201,9 @@ class LLMEngine:
             self.num_prefill_tokens += step.num_tokens
         if not step.is_prefill and self._launchable(seqs):
             batch = self.scheduler.decode_batch(seqs, overlapped=False)
-            tokens = self.runner.launch_decode(batch, None).tokens()
+            pending = self.runner.launch_decode(batch, None)
+            self._prefetch_waiting()
+            tokens = pending.tokens()
             self.scheduler.postprocess(scheduled)
         else:
             timed = self.tiers is not None and step.is_prefill
@@ -211,6 +214,7 @@ class LLMEngine:
             logits = self.runner.execute(step)
             if timed:
                 self.tiers.prefill_done(step.num_tokens)
+            self._prefetch_waiting()  # while the device runs the step
             self.scheduler.postprocess(scheduled)
             tokens = self._sample(logits, seqs) if seqs else []
         now = time.perf_counter()
@@ -218,6 +222,19 @@ class LLMEngine:
             self._append(seq, token, now)
         if self.tiers is not None:
             self.tiers.start_stores()  # the chunks this step completed, now that its tokens are read back
+
+    def _prefetch_waiting(self) -> None:
+        """The KV tiers' prefetch (its L2 prefix into L1) for each request queued since the last call that the
+        scheduler left waiting: one admitted at once loads from L2 at admission, and a prefetch of it would only
+        compete with its own prefill (keying its tokens, reads and checksums on the host). seq.token_ids: the
+        list whose chunk keys the lookup and the stores reuse."""
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        assert self.tiers is not None
+        for seq in queued:
+            if seq.status is SeqStatus.WAITING and not seq.page_table:
+                self.tiers.prefetch(seq.token_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
