@@ -344,7 +344,7 @@ class TieredKVCacheManager(KVCacheManager):
         return TieredHit(hit.pages, hit.hashes, end, tuple(chunks), hit.num_tokens)
 
     def _tier_holds(self, key: bytes) -> bool:
-        """L1 holds the chunk (or is being written it) or L2 does."""
+        """L1 holds the chunk or is writing it, or L2 holds it."""
         return self.l1.contains(key) or self.l1.writing(key) or (self.l2 is not None and self.l2.holds([key])[0])
 
     def _not_slower_than_recompute(self, chunks: list[tuple[int, bytes, str]]) -> list[tuple[int, bytes, str]]:
