@@ -62,6 +62,11 @@ def test_cli_multiturn_gives_identical_outputs_and_tier_hits_past_the_gpu_cache(
         assert r["working_set_tokens"] == CLIENTS * ROUNDS * (TURN + OUT) == 480 > r["gpu_kv_tokens"] == 160
         assert r["outputs_identical"] and r["mismatched_requests"] == 0 and r["compared_with"] == "gpu"
         assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0
+        st = r["steps"]  # where the time went: every step() call is one or the other, all inside the rounds
+        assert st["prefill_steps"] >= ROUNDS and st["decode_steps"] >= ROUNDS * (OUT - 1)
+        assert 0 < st["prefill_s"] + st["decode_s"] <= r["wall_s"]
+        assert 1 <= st["decode_batch_mean"] <= CLIENTS
+        assert st["decode_rows"] <= r["output_tokens"]
     assert gpu["cached_tokens"]["l1"] == gpu["cached_tokens"]["l2"] == 0 and gpu["l1_tokens"] == gpu["l2_tokens"] == 0
     # the histories past the GPU pages come back from the tiers: fewer prompt tokens computed than without them (how
     # many from L2 depends on how far its writer thread got by the next round)
@@ -77,6 +82,8 @@ def test_cli_multiturn_gives_identical_outputs_and_tier_hits_past_the_gpu_cache(
     rows = [ln for ln in md.splitlines() if ln.startswith("| eager | ")]
     assert [ln.split("|")[2].strip() for ln in rows] == ["gpu", "l1_l2"]
     assert all("identical vs gpu" in ln for ln in rows)
+    st = tiered["steps"]
+    assert f"| {st['prefill_s']:.2f} ({st['prefill_steps']}) | {st['decode_s']:.2f} ({st['decode_steps']}, " in rows[1]
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
 
 

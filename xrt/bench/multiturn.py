@@ -31,6 +31,7 @@ from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
 from xrt.bench.tiers import (
     TIERS,
+    StepTimes,
     bench_l2_root,
     build_tiered_engine,
     check_tiers_config,
@@ -157,12 +158,13 @@ def _run_setting(
     done: list[Output] = []
     prompt_tokens = output_tokens = 0
     round_s: list[float] = []
+    steps = StepTimes()
     before = stats_snapshot(engine)
     start = time.perf_counter()
     for r in range(b.rounds):
         prompts = [h + turn(cfg, c, r) for c, h in enumerate(histories)]
         t0 = time.perf_counter()
-        outs = run_requests(engine, prompts, b.output_len)
+        outs = run_requests(engine, prompts, b.output_len, steps)
         for c, (p, o) in enumerate(zip(prompts, outs, strict=True)):
             outputs[(c, r)] = list(o.token_ids)
             histories[c] = p + list(o.token_ids)
@@ -198,6 +200,7 @@ def _run_setting(
         "requests": requests,
         "wall_s": wall,
         "round_s": round_s,
+        "steps": steps.as_dict(),
         "requests_per_s": requests / wall,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,

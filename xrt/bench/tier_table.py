@@ -124,6 +124,14 @@ def _tokens(n: Any) -> str:
     return "–" if n is None else f"{n:,}"
 
 
+def _steps(steps: Any) -> str:
+    """The prefill and decode cells of a run's StepTimes (records before it: dashes)."""
+    if not steps:
+        return "– | –"
+    return (f"{steps['prefill_s']:.2f} ({steps['prefill_steps']}) | {steps['decode_s']:.2f} "
+            f"({steps['decode_steps']}, {steps['decode_batch_mean']:.1f})")
+
+
 def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
     model, clients, rounds, turn_len, output_len, dtype, dev = key
     head = rows[0]
@@ -135,8 +143,9 @@ def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
         f"{head['page_size']}; working set = clients x final history.",
         "",
         "| label | tiers | requests/s | × first | tokens/s | output tokens/s | TTFT ms | TPOT ms "
+        "| prefill s (steps) | decode s (steps, mean batch) "
         "| prompt tokens gpu / l1 / l2 / computed | preempted | working set | GPU KV | L1 + L2 | outputs |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
         c = r.get("cached_tokens") or {}
@@ -147,7 +156,7 @@ def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
         lines.append(
             f"| {r['label']} | {r['tiers']} | {r['requests_per_s']:.2f} | {r['requests_per_s_ratio']:.2f}× "
             f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} | {_ms(r['ttft_ms'])} "
-            f"| {_ms(r.get('tpot_ms'))} "
+            f"| {_ms(r.get('tpot_ms'))} | {_steps(r.get('steps'))} "
             f"| {served} | {r.get('preemptions', 0)} | {_tokens(r['working_set_tokens'])} "
             f"| {_tokens(r['gpu_kv_tokens'])} | {_tokens(r['l1_tokens'] + r['l2_tokens'])} | {same} vs "
             f"{r['compared_with']} |"
@@ -164,7 +173,9 @@ PREFIX_NOTE, MULTITURN_NOTE = (
     "the directory's O_DIRECT sequential read.",
     "Multiturn: every client submits history + a new turn each round, all at once; requests/s and tokens/s over "
     "the wall time of all rounds (prompt + output tokens); × first = requests/s over the first bench.compare_tiers "
-    "setting's; prompt tokens by the tier that served their KV; outputs compared with the first setting's.",
+    "setting's; prefill / decode s: host wall time of the engine steps that prefilled and of the others, their count "
+    "and the decode steps' mean batch; prompt tokens by the tier that served their KV; outputs compared with the "
+    "first setting's.",
 )
 
 

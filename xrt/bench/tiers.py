@@ -4,9 +4,12 @@ the KV bytes per token of an engine's layout."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +118,48 @@ def served_by_tier(outs: Sequence[Output]) -> dict[str, int]:
 # ---------------------------------------------------------------- requests
 
 
-def run_requests(engine: Engine, prompts: Sequence[list[int]], max_tokens: int) -> list[Output]:
-    """Submit the prompts (greedy, ignore_eos), step until all finish; their outputs in prompt order."""
+@dataclass
+class StepTimes:
+    """Where a run's wall time went, by engine.step() call: calls that prefilled (the engine's num_prefill_tokens
+    grew) and the others (decode), each call's host wall time; decode_rows: tokens the decode calls generated.
+    With overlapped decoding a call reads one step back while the next runs, so this splits time by what the
+    engine was doing, not by kernel."""
+
+    prefill_steps: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    decode_rows: int = 0
+
+    def step(self, engine: Engine) -> Sequence[Output]:
+        prefilled = getattr(engine, "num_prefill_tokens", 0)
+        generated = getattr(engine, "num_generated_tokens", 0)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        seconds = time.perf_counter() - t0
+        if getattr(engine, "num_prefill_tokens", 0) > prefilled:
+            self.prefill_steps += 1
+            self.prefill_s += seconds
+        else:
+            self.decode_steps += 1
+            self.decode_s += seconds
+            self.decode_rows += getattr(engine, "num_generated_tokens", 0) - generated
+        return outs
+
+    def as_dict(self) -> dict[str, float]:
+        d = dataclasses.asdict(self)
+        d["decode_batch_mean"] = self.decode_rows / self.decode_steps if self.decode_steps else 0.0
+        return d
+
+
+def run_requests(engine: Engine, prompts: Sequence[list[int]], max_tokens: int,
+                 steps: StepTimes | None = None) -> list[Output]:
+    """Submit the prompts (greedy, ignore_eos), step until all finish; their outputs in prompt order. `steps`:
+    where the time went (StepTimes), added to."""
     ids = [engine.add_request(p, greedy(max_tokens)) for p in prompts]
     done: dict[int, Output] = {}
     while engine.has_unfinished():
-        for o in engine.step():
+        for o in engine.step() if steps is None else steps.step(engine):
             done[o.request_id] = o
     outs = []
     for i in ids:
