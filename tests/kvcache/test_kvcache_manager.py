@@ -352,3 +352,19 @@ def test_fresh_pages_are_handed_out_in_ascending_order() -> None:
     admit(kv, rest)
     assert rest.page_table == sorted(rest.page_table)
     assert rest.page_table == [*range(2, 10), *range(15, 32)]
+
+
+def test_a_hash_match_is_checked_against_the_pages_tokens() -> None:
+    """A key that names a page holding other tokens (a blake2b collision, forged here) is not a hit: match compares
+    the page's own token bytes, and stops there."""
+    from xrt.kvcache.pool import PagePool
+
+    pool = PagePool(8, PS)
+    a, b = list(range(10, 10 + 2 * PS)), list(range(500, 500 + 2 * PS))
+    table = [pool.take() for _ in range(2)]
+    hashes: list[bytes] = []
+    pool.register(table, hashes, a, 2)
+    assert pool.match(a, 2) == (table, hashes)
+    pool.cached[page_hash(None, b[:PS])] = table[0]  # b's first key now names a's first page
+    assert pool.match(b, 2) == ([], [])
+    assert pool.match(a + [1], 2) == (table, hashes)  # a itself still matches, past its own end too
