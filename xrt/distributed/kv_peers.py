@@ -55,6 +55,7 @@ class KVPeers:
     def flush(self) -> list[float] | None:
         if self._runner.closed:
             return None  # the workers flushed their writers when they shut down
-        # a barrier, then the workers' counters summed (rank 0 adds zeros: its own are its manager's)
+        # the workers' counters summed, each sent once that rank has flushed: the collective is the barrier too
+        # (rank 0 adds zeros: its own are its manager's)
         zeros = [0.0] * len(RANK_COUNTERS)
-        return self._runner.send_then(Kind.KV_FLUSH, None, lambda: (min_over_ranks(0), sum_over_ranks(zeros))[1])
+        return self._runner.send_then(Kind.KV_FLUSH, None, lambda: sum_over_ranks(zeros))

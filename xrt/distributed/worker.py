@@ -77,8 +77,7 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
             shard.prefetch(decode_kv_lookup(payload))
         elif kind is Kind.KV_FLUSH:
             shard.flush()
-            min_over_ranks(0)
-            sum_over_ranks(shard.counters())
+            sum_over_ranks(shard.counters())  # also the barrier: rank 0 returns once every rank has flushed
 
 
 def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) -> None:

@@ -29,6 +29,8 @@ log = get_logger(__name__)
 QUEUE_JOBS = 256
 # keys loaded by prefetches and not yet claimed by an admission; the oldest are forgotten past this
 LOADED_KEYS = 1 << 16
+# how long a load waits for a prefetch of its chunk in flight without a deadline (load_policy=always)
+PREFETCH_WAIT_S = 600.0
 
 
 def leading_run(l1: L1Cache, keys: list[bytes], in_l2: list[bool]) -> tuple[list[bytes], list[bytes]]:

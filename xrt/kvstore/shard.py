@@ -28,14 +28,12 @@ from xrt.kvcache.device import DeviceKVCache
 from xrt.kvstore.build import build_copier, build_l1, build_l2, chunk_layout, key_namespace
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import LoadChunk, StoreChunk
-from xrt.kvstore.prefetch import Prefetcher, leading_run
+from xrt.kvstore.prefetch import PREFETCH_WAIT_S, Prefetcher, leading_run
 from xrt.kvstore.stats import L1, L2, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.units import MB
 
 Event = torch.cuda.Event | None
-# how long a load waits for a prefetch of its chunk in flight when rank 0 sent no deadline (load_policy=always)
-PREFETCH_WAIT_S = 600.0
 
 
 def rank_key(digest: bytes, key: bytes) -> bytes:

@@ -52,7 +52,7 @@ from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
-from xrt.kvstore.prefetch import Prefetcher, leading_run
+from xrt.kvstore.prefetch import PREFETCH_WAIT_S, Prefetcher, leading_run
 from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
 from xrt.kvstore.writer import L2Writer
 from xrt.log import get_logger
@@ -302,7 +302,7 @@ class TieredKVCacheManager(KVCacheManager):
         if self.measured and not self.policy.worth_loading(tokens, nbytes):
             self.stats.skipped_slow += 1
             return None
-        limit = self.policy.deadline_s(tokens, nbytes) if self.measured else 600.0
+        limit = self.policy.deadline_s(tokens, nbytes) if self.measured else PREFETCH_WAIT_S
         start = time.perf_counter()
         got = self.l1.acquire_when_written(key, limit)
         self.stats.prefetch_wait_s += time.perf_counter() - start
