@@ -81,6 +81,32 @@ def test_l1_only_in_one_batch(diverse_cfg: Callable[..., XrtConfig], tmp_path: P
     assert not list(tmp_path.iterdir())  # l1 writes no files
 
 
+def test_one_copy_up_for_a_steps_admissions(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path,
+                                            want: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts admitted in one step that all find prefixes in L1 are copied up in one scatter (layer group by
+    layer group across every sequence), issued before the pass that reads them: copied one sequence after
+    another, the first layer waited for almost the whole load."""
+    llm = LLM(diverse_cfg(cache=cache(KVTiers.L1, tmp_path)))
+    tiers = tiers_of(llm)
+    assert outputs(llm, prompts(0)) == want
+    tiers.evict()
+    calls: list[int] = []
+    scatter = tiers.copier.scatter_chunks
+
+    def counted(chunks):  # type: ignore[no-untyped-def]
+        calls.append(len(chunks))
+        return scatter(chunks)
+
+    monkeypatch.setattr(tiers.copier, "scatter_chunks", counted)
+    before = tiers.stats.hit_tokens[L1]
+    assert outputs(llm, prompts(0)) == want
+    loaded = tiers.stats.hit_tokens[L1] - before
+    # all four admitted in the first step, each loading every whole chunk of its prompt (stored the first time)
+    chunks = [(len(p) - 1) // CHUNK for p in prompts(0)]
+    assert loaded == sum(chunks) * CHUNK
+    assert calls == [sum(chunks)]
+
+
 def test_corrupt_l2_chunk_is_recomputed(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path,
                                         want: list[list[int]]) -> None:
     first = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))

@@ -10,9 +10,10 @@ the L2 copy (counted) rather than wait: a decode step never blocks on storage.
 Load: `lookup` takes the GPU prefix hit, then continues the chunk chain in L1, then L2, as far as the chunks
 are contiguous (and at least one token is left to compute); it returns a `TieredHit` whose num_tokens
 reaches past its GPU pages. `allocate` takes fresh pages for the rest as usual, then fills the tier chunks'
-pages: L2 chunks are read into L1 slots in NIXL transfers, verified and published in L1; then every chunk is
-copied up from its slot in one batch, layer group by layer group (copy.py), the next forward pass waiting for
-each layer's pages just before that layer reads them (the KV cache's arrivals). A chunk that fails (gone, bad
+pages: L2 chunks are read into L1 slots in NIXL transfers, verified and published in L1; then, just before the
+step's forward pass (`start_loads`, called by the engine), every chunk of the step's admissions is copied up
+from its slot in one batch, layer group by layer group (copy.py), the forward pass waiting for each layer's
+pages just before that layer reads them (the KV cache's arrivals). A chunk that fails (gone, bad
 checksum) ends the loaded prefix there: num_computed_tokens is cut back, so the scheduler prefills from that
 point. The scheduler is unchanged: it admits by hit.num_tokens and prefills from num_computed_tokens.
 
@@ -95,6 +96,9 @@ class TieredKVCacheManager(KVCacheManager):
         self._peer_stores: list[tuple[bytes, list[int]]] = []  # the other ranks' part of them (key, pages)
         self._gathers: list[tuple[torch.cuda.Event | None, list[int], int, bytes]] = []  # (done, pages, slot, key)
         self._scatters: list[tuple[torch.cuda.Event, int]] = []  # (done, L1 slot the copy still reads)
+        # loads admitted but not copied yet (start_loads): (slot view, pages, tier) per chunk, and their slots
+        self._to_scatter: list[tuple[torch.Tensor, list[int], str]] = []
+        self._to_scatter_slots: list[int] = []
         self.writer: L2Writer | None = None
         self.prefetcher: Prefetcher | None = None
         if l2 is not None:
@@ -155,6 +159,7 @@ class TieredKVCacheManager(KVCacheManager):
         self._reap()
 
     def free(self, seq: KVSeq) -> None:
+        self.start_loads()  # its pages go back to the pool: no copy into them may start after that
         super().free(seq)
         self.keys.forget(seq.token_ids)  # finished or preempted: a re-admission keys it again
 
@@ -191,6 +196,7 @@ class TieredKVCacheManager(KVCacheManager):
     def flush_local(self) -> None:
         """flush, this rank's writer only (and its prefetches and copies up, so every L1 slot is free)."""
         self.start_stores()
+        self.start_loads()
         if self.prefetcher is not None:
             self.prefetcher.flush()
         for done, _ in self._scatters:
@@ -433,10 +439,28 @@ class TieredKVCacheManager(KVCacheManager):
             scatters.append((self.l1.slot_view(slot)[:, skip:], pages[skip:], tier))
             held.append(slot)
             tiers.append(tier)
+        # copied up with every other load of this step's admissions (start_loads), the slots referenced till then
+        self._to_scatter.extend(scatters)
+        self._to_scatter_slots.extend(held)
+        for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
+            self.l1.release(slot)
+        return tiers
+
+    def start_loads(self) -> None:
+        """Copy up every chunk the admissions since the last call loaded, in one copy layer group by layer group
+        (the engine calls this just before the forward pass that reads them). One copy for all the step's
+        sequences, not one per sequence: each layer group's event is recorded once every sequence's rows of
+        it are in, and the forward pass waits per layer, so a per-sequence copy (all of one sequence's layers,
+        then the next's) made the first layer wait for almost the whole step's load (H200, Qwen3-8B, five
+        ~6k-token histories from L1: ~77 ms of idle GPU before each such prefill)."""
+        if not self._to_scatter:
+            return
+        scatters, held = self._to_scatter, self._to_scatter_slots
+        self._to_scatter, self._to_scatter_slots = [], []
         done = None
         try:
-            # one copy of every chunk, layer group by layer group: the next forward pass waits per layer
-            # (the KV cache's arrivals), or here for all of it where the copier has no arrivals
+            # the next forward pass waits per layer (the KV cache's arrivals), or here for all of it where the
+            # copier has no arrivals
             done = self.copier.scatter_chunks(scatters)
             if done is not None and self.copier.arrivals is None:
                 torch.cuda.current_stream(self.copier.kv.device).wait_event(done)
@@ -446,9 +470,6 @@ class TieredKVCacheManager(KVCacheManager):
                     self.l1.release(slot)
                 else:  # the copy up still reads the slot: an L2 read must not reuse it before it is done
                     self._scatters.append((done, slot))
-        for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
-            self.l1.release(slot)
-        return tiers
 
     def _read_l2(self, chunks: Sequence[tuple[int, bytes]]) -> tuple[dict[int, int], bool]:
         """{chunk: L1 slot, referenced} for a leading run of the chunks now in L1: read from L2 in batches of
