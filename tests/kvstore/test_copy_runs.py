@@ -124,3 +124,17 @@ def test_arrivals_on_cpu_hold_the_groups_and_nothing_pending() -> None:
     assert arrivals.take() is None and arrivals.events == [] and arrivals.graph_waits() is None
     kv = kv_of(layout_of(torch.float32, layers=7), 4)
     assert ChunkCopier(kv, arrivals).groups == arrivals.groups
+
+
+def test_deferred_loads_start_at_take() -> None:
+    """A deferred load is pending until the runner takes the arrivals, which starts it then (once the forward
+    pass has queued its own uploads), once."""
+    arrivals = KVArrivals(7, torch.device("cpu"), groups=3)
+    started: list[int] = []
+    arrivals.defer(lambda: started.append(1))
+    arrivals.defer(lambda: started.append(2))
+    assert arrivals.pending() and started == []
+    assert arrivals.take() is None  # on CPU the copies are done when they are queued: nothing to wait for
+    assert started == [1, 2] and not arrivals.pending()
+    arrivals.take()
+    assert started == [1, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,38 @@ def test_store_again_is_a_no_op(tmp_path: Path, l1: L1Cache) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in l2_dir(tmp_path, NS).glob("*.kv")}
     assert l2.store(items) == []
     assert {p.name: p.stat().st_mtime_ns for p in l2_dir(tmp_path, NS).glob("*.kv")} == before
+
+
+def test_lookups_and_loads_never_wait_for_an_index_write(tmp_path: Path, l1: L1Cache,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store's index write that waits on the disk (behind chunk data being written back) holds the index lock;
+    a lookup or a load on the scheduler's thread reads the entries listed before it instead of waiting."""
+    l2 = L2Store(ARGS, tmp_path, NS, l1)
+    assert l2.store(fill(l1, [0])) == [key(0)]
+    assert l2.index is not None
+    write, entered, disk = l2.index._write, threading.Event(), threading.Event()
+
+    def slow_write(entries):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert disk.wait(30)
+        write(entries)
+
+    monkeypatch.setattr(l2.index, "_write", slow_write)
+    storing = threading.Thread(target=l2.store, args=(fill(l1, [1]),))
+    storing.start()
+    try:
+        assert entered.wait(30)
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.extend([l2.holds([key(0), key(1)]), load_into(l1, l2, [0])]))
+        reader.start()
+        reader.join(20)
+        assert not reader.is_alive(), "the lookup waited for the store's index write"
+        assert got[0] == [True, False]  # key 1 is not listed until its write is done
+        assert torch.equal(got[1][0], chunk_of(LAYOUT, 0))
+    finally:
+        disk.set()
+        storing.join(30)
+    assert l2.holds([key(0), key(1)]) == [True, True]
 
 
 def test_flipped_bytes_are_a_miss_and_dropped(tmp_path: Path, l1: L1Cache) -> None:

@@ -208,9 +208,6 @@ class LLMEngine:
         else:
             timed = self.tiers is not None and step.is_prefill
             if timed:
-                # the prefixes this step's admissions found in L1 / L2, copied up as one batch the pass waits
-                # for layer by layer
-                self.tiers.start_loads()
                 # what recomputing a prefix costs, against which the tiers weigh loading it (device events:
                 # no sync here)
                 self.tiers.prefill_started()

@@ -169,16 +169,24 @@ class ModelRunner:
         self.backend.plan(meta)
         return self.logits(self.forward_hidden(input_ids, meta, kv_ready), meta)
 
-    def execute_eager(self, step: StepInput, kv_ready: KVReady | None = None) -> torch.Tensor:
-        """execute() without graphs: float32 logits of the chunks with needs_logits."""
+    def execute_eager(self, step: StepInput, loading: bool = False) -> torch.Tensor:
+        """execute() without graphs: float32 logits of the chunks with needs_logits. loading: KV loads are
+        pending (KVArrivals), taken after this pass's uploads and waited for layer by layer."""
         input_ids, meta = self.prepare(step)
-        with torch.inference_mode(), pdl_paused() if kv_ready is not None else contextlib.nullcontext():
-            return self.run_model(input_ids, meta, kv_ready).float()
+        with torch.inference_mode(), pdl_paused() if loading else contextlib.nullcontext():
+            self.backend.plan(meta)
+            kv_ready = self._take_arrivals()  # after the uploads of prepare and plan: see KVArrivals
+            return self.logits(self.forward_hidden(input_ids, meta, kv_ready), meta).float()
 
     def _take_arrivals(self) -> KVReady | None:
         """Copies still running into the KV pages (a tier's load at admission), per layer; None when none."""
         kv = getattr(self, "kv_cache", None)  # absent while sizing runs its measuring step
         return kv.arrivals.take() if kv is not None else None
+
+    def _loading(self) -> bool:
+        """KV loads pending for the next forward pass (queued or deferred)."""
+        kv = getattr(self, "kv_cache", None)
+        return kv is not None and kv.arrivals.pending()
 
     # -- the Runner contract ----------------------------------------------------------------------
 
@@ -188,20 +196,21 @@ class ModelRunner:
         valid until the next forward pass), else None."""
         self._num_passes += 1
         step = as_decode(step)
-        kv_ready = self._take_arrivals()
+        loading = self._loading()
         graphs = self.prefill_graphs if step.is_prefill else self.decode_graphs
         # With KV still arriving, a decode step replays the graph whose layers wait each for their own pages (or
         # runs eager, waiting the same way): a plain graph would wait for the whole load before its first layer.
+        # Either way the loads are taken once the pass's own uploads are queued (KVArrivals).
         replayed = None
-        if graphs is not None and kv_ready is None:
+        if graphs is not None and not loading:
             replayed = graphs.run(step)
         elif self.decode_graphs is not None and not step.is_prefill:
-            replayed = self.decode_graphs.run(step, waiting=True)
+            replayed = self.decode_graphs.run(step, waiting=True, before_replay=self._take_arrivals)
         if replayed is not None:
             logits, self.last_argmax = replayed
             return logits
         self.last_argmax = None
-        return self.execute_eager(step, kv_ready)
+        return self.execute_eager(step, loading)
 
     def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingDecode:
         """Stage the batch into the pinned inputs, replay the decode graph for its n sequences and start

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -45,6 +46,9 @@ class L2Index:
         self.entries: dict[str, list[float]] = {}  # key hex -> [crc, last use (unix time)]
         self._seen: tuple[int, int] | None = None  # (mtime_ns, inode) of the index file last read
         self._touched: dict[str, float] = {}  # use times not written yet
+        # guards _touched alone (held for dict work only): a load records a use without waiting for an index
+        # write in progress, which holds the store's lock across file I/O
+        self._touch_lock = threading.Lock()
         self.refresh(force=True)
 
     @contextlib.contextmanager
@@ -92,7 +96,8 @@ class L2Index:
 
     def touch(self, key_hex: str) -> None:
         """Record a use; written with the next update (a load should not cost an index write)."""
-        self._touched[key_hex] = time.time()
+        with self._touch_lock:
+            self._touched[key_hex] = time.time()
 
     def update(self, add: Iterable[tuple[str, int]] = (), remove: Iterable[str] = (),
                limit: int | None = None) -> list[str]:
@@ -103,10 +108,11 @@ class L2Index:
         with self._locked():
             entries = self._read()
             now = time.time()
-            for k, t in self._touched.items():
+            with self._touch_lock:
+                touched, self._touched = self._touched, {}
+            for k, t in touched.items():
                 if k in entries:
                     entries[k][1] = max(entries[k][1], t)
-            self._touched.clear()
             added = set()
             for key_hex, crc in add:
                 entries[key_hex] = [crc, now]

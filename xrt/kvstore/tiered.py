@@ -10,10 +10,10 @@ the L2 copy (counted) rather than wait: a decode step never blocks on storage.
 Load: `lookup` takes the GPU prefix hit, then continues the chunk chain in L1, then L2, as far as the chunks
 are contiguous (and at least one token is left to compute); it returns a `TieredHit` whose num_tokens
 reaches past its GPU pages. `allocate` takes fresh pages for the rest as usual, then fills the tier chunks'
-pages: L2 chunks are read into L1 slots in NIXL transfers, verified and published in L1; then, just before the
-step's forward pass (`start_loads`, called by the engine), every chunk of the step's admissions is copied up
-from its slot in one batch, layer group by layer group (copy.py), the forward pass waiting for each layer's
-pages just before that layer reads them (the KV cache's arrivals). A chunk that fails (gone, bad
+pages: L2 chunks are read into L1 slots in NIXL transfers, verified and published in L1; then, once the step's
+forward pass has queued its own uploads (`start_loads`, deferred to the KV cache's arrivals), every chunk of the
+step's admissions is copied up from its slot in one batch, layer group by layer group (copy.py), the forward
+pass waiting for each layer's pages just before that layer reads them. A chunk that fails (gone, bad
 checksum) ends the loaded prefix there: num_computed_tokens is cut back, so the scheduler prefills from that
 point. The scheduler is unchanged: it admits by hit.num_tokens and prefills from num_computed_tokens.
 
@@ -440,19 +440,23 @@ class TieredKVCacheManager(KVCacheManager):
             held.append(slot)
             tiers.append(tier)
         # copied up with every other load of this step's admissions (start_loads), the slots referenced till then
+        if scatters and not self._to_scatter:
+            if self.copier.arrivals is not None:
+                self.copier.arrivals.defer(self.start_loads)  # by the runner, once the pass's uploads are queued
         self._to_scatter.extend(scatters)
         self._to_scatter_slots.extend(held)
+        if self.copier.arrivals is None:
+            self.start_loads()  # no forward pass to defer to: the caller orders its stream after the copy
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
         return tiers
 
     def start_loads(self) -> None:
-        """Copy up every chunk the admissions since the last call loaded, in one copy layer group by layer group
-        (the engine calls this just before the forward pass that reads them). One copy for all the step's
-        sequences, not one per sequence: each layer group's event is recorded once every sequence's rows of
-        it are in, and the forward pass waits per layer, so a per-sequence copy (all of one sequence's layers,
-        then the next's) made the first layer wait for almost the whole step's load (H200, Qwen3-8B, five
-        ~6k-token histories from L1: ~77 ms of idle GPU before each such prefill)."""
+        """Copy up every chunk the admissions since the last call loaded, in one copy layer group by layer group.
+        Deferred to the KV cache's arrivals: the runner calls this once the forward pass that reads the chunks
+        has queued its own uploads (KVArrivals.defer), and every sequence of the step is in one copy, so each
+        layer group's event covers every sequence's rows of it and the pass waits per layer; `free` and
+        `flush_local` call it too (no copy into a page may start after the page is freed)."""
         if not self._to_scatter:
             return
         scatters, held = self._to_scatter, self._to_scatter_slots

@@ -8,7 +8,7 @@ table into the static buffers the graph reads)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,21 +134,26 @@ class DecodeGraphs:
         self._prepare(bucket, num_indices)
         return (self.waiting if waiting else self.graphs)[bucket]
 
-    def _replay(self, batch: DecodeBatch, bucket: int, waiting: bool = False) -> DecodeGraph:
+    def _replay(self, batch: DecodeBatch, bucket: int, waiting: bool = False,
+                before_replay: Callable[[], object] | None = None) -> DecodeGraph:
         entry = self.stage(batch, bucket, waiting)
+        if before_replay is not None:
+            before_replay()
         entry.graph.replay()
         return entry
 
-    def run(self, step: StepInput, waiting: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def run(self, step: StepInput, waiting: bool = False,
+            before_replay: Callable[[], object] | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Replay a decode step: (float32 logits of the chunks with needs_logits, their greedy tokens or
         None without argmax; views valid until the next forward pass), or None when the step is above the
         largest bucket (run it eager). waiting: KV loads are still copying (KVArrivals), so only a graph that
-        waits for them will do (None where the bucket has none)."""
+        waits for them will do (None where the bucket has none). before_replay: called once the step's inputs
+        are staged and uploaded, just before the replay (the runner queues the deferred KV loads there)."""
         n = len(step.seqs)
         bucket = self.buckets.bucket_for(n)
         if bucket is None or (waiting and bucket not in self.waiting):
             return None
-        entry = self._replay(decode_batch(step), bucket, waiting)
+        entry = self._replay(decode_batch(step), bucket, waiting, before_replay)
         argmax = self.inputs.argmax if self.parts.argmax else None
         rows = [i for i, chunk in enumerate(step.seqs) if chunk.needs_logits]
         if len(rows) == n:
