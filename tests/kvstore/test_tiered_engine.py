@@ -11,6 +11,7 @@ import pytest
 
 from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, L2LoadPolicy, SamplingArgs, XrtConfig
 from xrt.engine.llm import LLM
+from xrt.kvcache.interface import PrefixHit
 from xrt.kvstore.tiered import GPU, L1, L2, TieredKVCacheManager
 
 CHUNK = 16
@@ -151,8 +152,27 @@ def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., Xrt
     again = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, L2LoadPolicy.MEASURED)))
     tiers = tiers_of(again)
     tiers.policy.l2_bandwidth, tiers.policy.prefill_rate = 1.0, 1e12  # 1 byte/s storage against instant prefill
+    keyed: list[int] = []  # chunks keyed by lookups
+    chunk_keys, lookup = tiers.keys.keys, tiers.lookup
+    looking: list[bool] = [False]
+
+    def keys(token_ids: list[int], n: int) -> list[bytes]:
+        if looking[0]:
+            keyed.append(n)
+        return chunk_keys(token_ids, n)
+
+    def counted_lookup(token_ids: list[int]) -> PrefixHit:
+        looking[0] = True
+        try:
+            return lookup(token_ids)
+        finally:
+            looking[0] = False
+
+    tiers.keys.keys, tiers.lookup = keys, counted_lookup  # type: ignore[method-assign]
     assert outputs(again, [prompts(0)[2]]) == [want[2]]
     assert tiers.stats.hit_tokens[L2] == 0 and tiers.stats.skipped_slow >= 1
+    # the lookup keyed the first chunk only: the policy cuts an L2 run whole, so the rest was not worth keying
+    assert keyed and max(keyed) == 1
     tiers.flush()
     fast = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, L2LoadPolicy.MEASURED)))
     tiers_of(fast).policy.l2_bandwidth, tiers_of(fast).policy.prefill_rate = 1e15, 1.0  # now loading wins

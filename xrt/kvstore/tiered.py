@@ -329,8 +329,18 @@ class TieredKVCacheManager(KVCacheManager):
         ct = self.chunk_tokens
         loadable = (len(token_ids) - 1) // ct  # whole chunks, leaving the last token to compute
         c0 = hit.num_tokens // ct
-        if loadable <= c0 or not self._tier_holds(self.keys.keys(token_ids, c0 + 1)[c0]):
-            return hit  # the tier chain starts at chunk c0 or not at all: no need to key the rest
+        if loadable <= c0:
+            return hit
+        first = self.keys.keys(token_ids, c0 + 1)[c0]
+        if not (self.l1.contains(first) or self.l1.writing(first)):
+            if self.l2 is None or not self.l2.holds([first])[0]:
+                return hit  # the tier chain starts at chunk c0 or not at all: no need to key the rest
+            if self.measured and not self.policy.worth_loading(ct, self.layout.nbytes):
+                # An L2 run from here would be cut whole (the policy weighs bytes against tokens, the same ratio
+                # for any length): keying the rest of the prompt (~0.6 ms for 8k tokens) would only delay the
+                # prefill that recomputes it.
+                self.stats.skipped_slow += 1
+                return hit
         keys = self.keys.keys(token_ids, loadable)
         in_l2 = self.l2.holds(keys[c0:]) if self.l2 is not None else [False] * (loadable - c0)
         chunks: list[tuple[int, bytes, str]] = []
