@@ -29,6 +29,9 @@ def shard(path: Path, rank: int = 1) -> KVShard:
 
 
 def pages_of(s: KVShard, pages: list[int]) -> torch.Tensor:
+    """The pages as this rank's next forward pass reads them: it takes the KV cache's arrivals first, which starts
+    the loads deferred to it (on CPU, done when started)."""
+    s.arrivals.take()
     return s.copier.kv[:, pages].clone()
 
 
@@ -41,7 +44,10 @@ def test_stored_chunks_come_back_from_l1_then_l2(tmp_path: Path) -> None:
     assert s.held(keys) == 3 and s.held([keys[0], bytes(32), keys[2]]) == 1
     dst = [[10, 11], [12, 13], [14, 15]]
     # the middle chunk is unknown: the load stops before it, the third chunk is not scattered
+    before = s.copier.kv[:, dst[0]].clone()
     assert s.load([(keys[0], dst[0], 0), (bytes(32), dst[1], 0), (keys[2], dst[2], 0)]) == 1
+    # the copy up waits for the next forward pass (which queues its own uploads first), then lands whole
+    assert s.arrivals.pending() and torch.equal(s.copier.kv[:, dst[0]], before)
     torch.testing.assert_close(pages_of(s, dst[0]), want[0])
     assert not torch.equal(pages_of(s, dst[2]), want[2])
     s.flush()

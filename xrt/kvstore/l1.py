@@ -87,13 +87,15 @@ class L1Cache:
             self._writing[slot] = key
             return slot
 
-    def publish(self, slot: int, crc: int | None = None) -> None:
+    def publish(self, slot: int, crc: int | None = None, keep: bool = False) -> None:
         """The chunk written to `slot` becomes visible (most recently used), with its crc32 when the caller
-        knows it (a load from L2 verified it)."""
+        knows it (a load from L2 verified it). keep: the writer's reference becomes a reader's, released with
+        `release` (a load that copies the chunk up next: no other thread's reserve can evict it meanwhile)."""
         with self._lock:
             key = self._writing.pop(slot)
             self._entries[key] = _Entry(slot, crc)
-            self._refs[slot] -= 1
+            if not keep:
+                self._refs[slot] -= 1
             self._changed.notify_all()
 
     def checksum_of(self, key: bytes, slot: int) -> int:

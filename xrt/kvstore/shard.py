@@ -12,7 +12,8 @@ derives the same keys.
 
 CUDA ordering: rank 0 pins a chunk's pages until its gather is done; a worker has no page manager to pin them,
 and rank 0 may hand them to another sequence whose next step overwrites them. So the compute stream waits for
-each gather (and each scatter, whose pages the next step reads) before it runs anything else. A slot being
+each gather before it runs anything else. A load's copy up is deferred to the next forward pass (the step that
+reads its pages), which waits for it layer group by layer group, as on rank 0. A slot being
 scattered stays referenced until its copy is done, so no later store or L2 read reuses it while the copy still
 reads it. On CPU every copy is done when it returns."""
 
@@ -59,14 +60,19 @@ class KVShard:
         self.digest = namespace.digest()
         self.l1 = build_l1(cfg, self.layout)
         self.l2 = build_l2(cfg, namespace, self.l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
-        self.copier = build_copier(cfg, kv_cache)
+        # with the KV cache's arrivals: this rank's next forward pass waits for a load layer group by layer group
+        self.arrivals = kv_cache.arrivals
+        self.copier = build_copier(cfg, kv_cache, self.arrivals)
         self.stats = TierStats()  # this rank's writer counts here; rank 0's stats are the run's
         self.writer = L2Writer(self.l2, self.l1, self.stats) if self.l2 is not None else None
         self.load_batch = max(1, cfg.cache.l2.load_batch_mb * MB // self.layout.nbytes)
         self.prefetcher = (Prefetcher(self.l1, self.l2, self.stats, self.load_batch)
                            if self.l2 is not None and cfg.cache.l2.prefetch else None)
         self._gathers: list[tuple[Event, int, bytes]] = []  # (done, slot, key): published once done
-        self._scatters: list[tuple[Event, int, int | None, bool]] = []  # (done, slot, crc, fresh from L2)
+        self._scatters: list[tuple[Event, int]] = []  # (done, L1 slot the copy reads): released once done
+        # a load's chunks not copied yet (start_loads): (slot view, pages, tier), and (slot, crc, fresh) of each
+        self._to_scatter: list[tuple[torch.Tensor, list[int], str]] = []
+        self._to_scatter_slots: list[int] = []
 
     def _key(self, key: bytes) -> bytes:
         return rank_key(self.digest, key)
@@ -108,14 +114,11 @@ class KVShard:
                 self.writer.offer_published(key)
         self._gathers = left
         scatters = []
-        for item in self._scatters:
-            done, slot, crc, fresh = item
-            if not _finished(done, wait):
-                scatters.append(item)
-            elif fresh:
-                self.l1.publish(slot, crc)
-            else:
+        for done, slot in self._scatters:
+            if _finished(done, wait):
                 self.l1.release(slot)
+            else:
+                scatters.append((done, slot))
         self._scatters = scatters
         self.copier.finished_scatters()  # its timings are rank 0's to measure: drained, so they never pile up
 
@@ -165,17 +168,35 @@ class KVShard:
                 if slot not in late:  # a late read still writes its slots: aborted once it ends (_read_l2)
                     self.l1.abort(slot)
                 continue
-            done = None
+            if fresh:
+                # verified: visible in L1 now (another load of this step finds it), and kept referenced while
+                # it is copied up
+                self.l1.publish(slot, crc, keep=complete)
             if complete:
                 _, pages, skip = chunks[i]
-                done = self.copier.scatter(self.l1.slot_view(slot)[:, skip:], list(pages)[skip:], L2 if fresh else L1)
-                self._order(done)
+                if not self._to_scatter:
+                    self.arrivals.defer(self.start_loads)
+                self._to_scatter.append((self.l1.slot_view(slot)[:, skip:], list(pages)[skip:], L2 if fresh else L1))
+                self._to_scatter_slots.append(slot)
                 loaded += 1
-            self._scatters.append((done, slot, crc, fresh))  # released (or published) once the copy is done
+            elif not fresh:
+                self.l1.release(slot)  # acquired, not copied: a chunk after one this rank could not load
         self._reap()
         if loaded < len(chunks):
             self.stats.failed_loads += 1  # rank 0 agreed this rank held them (a lookup): gone or bad since
         return loaded
+
+    def start_loads(self) -> None:
+        """Copy up the chunks loaded since the last call in one copy, layer group by layer group: deferred to this
+        rank's next forward pass, which takes it once its own uploads are queued and waits per layer (as rank 0's
+        manager does, tiered.py `start_loads`); flush calls it too. The slots are released once the copy is
+        done."""
+        if not self._to_scatter:
+            return
+        scatters, held = self._to_scatter, self._to_scatter_slots
+        self._to_scatter, self._to_scatter_slots = [], []
+        done = self.copier.scatter_chunks(scatters)
+        self._scatters.extend((done, slot) for slot in held)
 
     def _written(self, key: bytes, deadline_s: float | None) -> tuple[int, int | None] | None:
         """The chunk a write in flight is bringing into L1 (this rank's prefetch or gather), acquired once it is
@@ -230,6 +251,7 @@ class KVShard:
 
     def flush(self) -> None:
         """Every prefetch and copy done and every chunk handed to the L2 writer written."""
+        self.start_loads()
         if self.prefetcher is not None:
             self.prefetcher.flush()
         self._reap(wait=True)

@@ -543,7 +543,7 @@ class TieredKVCacheManager(KVCacheManager):
             if good == n:
                 self.policy.observe_l2(n * nbytes, result.seconds)
             complete = True
-            for (c, key, slot), crc in zip(fresh, result.crcs, strict=True):
+            for (c, _, slot), crc in zip(fresh, result.crcs, strict=True):
                 if crc is None or not complete:
                     # after a miss the rest of the batch is not contiguous with the prefix: not published
                     # from this load (a verified chunk is still published in L1 for the next one)
@@ -551,11 +551,9 @@ class TieredKVCacheManager(KVCacheManager):
                         self.l1.abort(slot)
                         complete = False
                         continue
-                self.l1.publish(slot, crc)
+                self.l1.publish(slot, crc, keep=complete)  # kept referenced: copied up next
                 if complete:
-                    got = self.l1.acquire(key)  # only this thread reserves L1 slots: nothing evicted it since
-                    if got is not None:
-                        out[c] = got[0]
+                    out[c] = slot
             if not complete:
                 return out, False
         return out, False
