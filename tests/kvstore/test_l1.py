@@ -70,6 +70,20 @@ def test_referenced_chunks_are_never_evicted(layout: ChunkLayout) -> None:
     assert not l1.contains(key(0)) and l1.contains(key(1))
 
 
+def test_publish_keep_hands_the_writer_reference_to_a_reader(layout: ChunkLayout) -> None:
+    """A chunk published with keep (an L2 read about to be copied up) is visible at once and stays referenced:
+    no reserve evicts it until it is released."""
+    l1 = L1Cache(layout, layout.nbytes)
+    slot = l1.reserve(key(0))
+    l1.slot_view(slot).copy_(chunk_of(layout, 0))
+    l1.publish(slot, keep=True)
+    assert l1.contains(key(0))
+    with pytest.raises(L1Full):
+        l1.reserve(key(1))
+    l1.release(slot)
+    assert l1.put(key(1), chunk_of(layout, 1)) and not l1.contains(key(0))
+
+
 def test_abort_publishes_nothing_and_frees_the_slot(layout: ChunkLayout) -> None:
     l1 = L1Cache(layout, layout.nbytes)
     slot = l1.reserve(key(0))
