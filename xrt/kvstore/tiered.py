@@ -450,13 +450,14 @@ class TieredKVCacheManager(KVCacheManager):
             held.append(slot)
             tiers.append(tier)
         # copied up with every other load of this step's admissions (start_loads), the slots referenced till then
-        if scatters and not self._to_scatter:
-            if self.copier.arrivals is not None:
-                self.copier.arrivals.defer(self.start_loads)  # by the runner, once the pass's uploads are queued
+        first = not self._to_scatter
         self._to_scatter.extend(scatters)
         self._to_scatter_slots.extend(held)
-        if self.copier.arrivals is None:
+        arrivals = self.copier.arrivals
+        if arrivals is None:
             self.start_loads()  # no forward pass to defer to: the caller orders its stream after the copy
+        elif first and scatters:
+            arrivals.defer(self.start_loads)  # by the runner, once the pass's uploads are queued
         for slot in slots.values():  # loaded but after a failed chunk: nothing scattered
             self.l1.release(slot)
         return tiers
