@@ -114,10 +114,10 @@ def test_show_prints_the_validated_yaml_and_creates_no_outputs(tmp_path: Path) -
 
 def test_show_json_validate_schema_fields(tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    shown = json.loads(xrt("config", "show", "--json", "executor.fuse_prologues=true", cwd=tmp_path).stdout)
+    shown = json.loads(xrt("config", "show", "--json", "executor.pdl=false", cwd=tmp_path).stdout)
     schema = json.loads(xrt("config", "schema", cwd=tmp_path).stdout)
     jsonschema.validate(shown, schema)
-    assert shown["executor"]["fuse_prologues"] is True and shown["log_level"] == "info"
+    assert shown["executor"]["pdl"] is False and shown["log_level"] == "info"
     assert xrt("config", "validate", cwd=tmp_path).stdout == "ok\n"
     fields = xrt("config", "fields", cwd=tmp_path).stdout
     assert "log_level" in fields and "debug|info|warning|error" in fields and "model.rope_theta" in fields
@@ -141,7 +141,7 @@ def test_multirun_composes_one_valid_config_per_job(tmp_path: Path) -> None:
 def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None:
     r = xrt("--help", cwd=tmp_path)
     assert r.returncode == 0
-    for text in ("run", "bench", "serve", "config", "qwen3-8b", "executor.fuse_prologues", "sampling.top_p",
+    for text in ("run", "bench", "serve", "config", "qwen3-8b", "executor.skinny_gemm_max_rows", "sampling.top_p",
                  "key/value heads (GQA)", "-v, --verbose", "-q, --quiet", "XRT_DEBUG", "XRT_CACHE_DIR", "XRT_CONF_DIR",
                  "XRT_GIT_COMMIT", "TRITON_INTERPRET", "gpu, l1, l1_l2\n"):
         assert text in r.stdout

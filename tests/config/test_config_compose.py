@@ -90,9 +90,9 @@ def test_qwen3_is_the_0_6b_shape() -> None:
 def test_overrides_of_fields_and_groups() -> None:
     cfg = load_config(["model=qwen3", "executor=cudagraph", "parallel.tp=2", "cache=gpu", "cache.page_size=32",
                        "bench.batch=8", "sampling.stop=[a,b]", "sampling.seed=3", "model.dtype=BFLOAT16",
-                       "executor.fuse_prologues=true", "log_level=debug"])
+                       "executor.pdl=false", "log_level=debug"])
     assert cfg.model.num_hidden_layers == 28 and cfg.executor.kind is ExecutorKind.CUDAGRAPH
-    assert cfg.parallel.tp == 2 and cfg.cache.page_size == 32 and cfg.executor.fuse_prologues
+    assert cfg.parallel.tp == 2 and cfg.cache.page_size == 32 and not cfg.executor.pdl
     assert cfg.bench.batch == [8] and cfg.sampling.stop == ["a", "b"] and cfg.sampling.seed == 3
     assert cfg.model.dtype is DType.BFLOAT16 and cfg.log_level is LogLevel.DEBUG
 
@@ -179,10 +179,10 @@ def jobs_of(overrides: list[str]) -> list[list[str]]:
 
 
 def test_multirun_over_a_group_and_a_switch_gives_one_valid_config_per_job() -> None:
-    jobs = jobs_of(["executor=eager,cudagraph", "executor.fuse_prologues=false,true", "seed=5"])
-    assert jobs[0] == ["executor=eager", "executor.fuse_prologues=False", "seed=5"] and len(jobs) == 4
+    jobs = jobs_of(["executor=eager,cudagraph", "executor.pdl=false,true", "seed=5"])
+    assert jobs[0] == ["executor=eager", "executor.pdl=False", "seed=5"] and len(jobs) == 4
     cfgs = [compose_overrides(job, "config") for job in jobs]
-    got = {(c.executor.kind.value, c.executor.fuse_prologues) for c in cfgs}
+    got = {(c.executor.kind.value, c.executor.pdl) for c in cfgs}
     assert got == {(k, f) for k in ("eager", "cudagraph") for f in (False, True)}
     assert all(c.seed == 5 for c in cfgs)
     assert jobs_of(["bench.batch=1,8", "parallel=glob([tp1,tp2])"]) == [

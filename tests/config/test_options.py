@@ -20,7 +20,6 @@ def restore_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's apply_options is undone afterwards (the switches are process-wide)."""
     monkeypatch.setattr(kernel_settings, "pdl_max_rows", kernel_settings.pdl_max_rows)
     monkeypatch.setattr(linear_layers, "SKINNY_ROWS", linear_layers.SKINNY_ROWS)
-    monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", linear_layers.FUSE_PROLOGUES)
     xrt_logger = logging.getLogger("xrt")
     monkeypatch.setattr(xrt_logger, "level", xrt_logger.level)
 
@@ -32,7 +31,7 @@ def configured(**executor: object) -> XrtConfig:
 def test_defaults_are_the_measured_values() -> None:
     apply_options(XrtConfig())
     assert kernel_settings.pdl_max_rows == 16
-    assert (linear_layers.SKINNY_ROWS, linear_layers.FUSE_PROLOGUES) == (8, False)
+    assert linear_layers.SKINNY_ROWS == 8
 
 
 def test_pdl_follows_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,18 +49,6 @@ def test_pdl_follows_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     apply_options(XrtConfig())
     assert launch.pdl(on_cuda, 1)
     assert not launch.pdl(torch.zeros(1), 1)  # never on the CPU
-
-
-def test_skinny_rows_and_fused_prologues_reach_the_layers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w: True)
-    layer = linear_layers.RowParallelLinear(8, 4, torch.float32, "cpu")
-    rows = {n: torch.zeros(n, 8) for n in (1, 4, 5, 8)}
-    apply_options(XrtConfig())
-    assert not any(layer.fuses_prologue(x) for x in rows.values())  # fuse_prologues is off by default
-    apply_options(configured(fuse_prologues=True))
-    assert all(layer.fuses_prologue(x) for x in rows.values())
-    apply_options(configured(fuse_prologues=True, skinny_gemm_max_rows=4))
-    assert [n for n, x in rows.items() if layer.fuses_prologue(x)] == [1, 4]
 
 
 class _LooksCuda(torch.Tensor):
@@ -98,6 +85,5 @@ def test_the_runner_applies_the_options() -> None:
     from xrt.config.compose import load_config
     from xrt.executor.runner import ModelRunner
 
-    ModelRunner(load_config(["device=cpu", "executor.fuse_prologues=true", "executor.skinny_gemm_max_rows=2",
-                             "executor.pdl=false"]))
-    assert (linear_layers.SKINNY_ROWS, linear_layers.FUSE_PROLOGUES, kernel_settings.pdl_max_rows) == (2, True, -1)
+    ModelRunner(load_config(["device=cpu", "executor.skinny_gemm_max_rows=2", "executor.pdl=false"]))
+    assert (linear_layers.SKINNY_ROWS, kernel_settings.pdl_max_rows) == (2, -1)

@@ -113,7 +113,7 @@ def test_cuda_impls_forward_to_the_kernels() -> None:
 def test_every_op_with_a_kernel_is_registered_for_cuda() -> None:
     from xrt.ops import cuda_impls
 
-    names = [*cuda_impls.KERNELS, "linear", "silu_and_mul_linear", "add_rms_norm_linear"]
+    names = [*cuda_impls.KERNELS, "linear"]
     for name in names:
         assert hasattr(torch.ops.xrt, name), f"xrt::{name} is not defined in xrt.ops"
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"xrt::{name}", "CUDA"), f"xrt::{name}: no CUDA kernel"

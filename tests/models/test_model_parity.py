@@ -8,7 +8,6 @@ import json
 import os
 import random
 
-import attrs
 import pytest
 import torch
 from hf_checkpoint import write_hf_qwen3
@@ -16,7 +15,6 @@ from op_log import XrtOpLog
 from safetensors.torch import load_file
 
 from xrt.config import CacheArgs, Device, ModelArgs, XrtConfig
-from xrt.executor.options import apply_options
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
 from xrt.models.loader import CheckpointError
@@ -134,60 +132,10 @@ def test_chunked_prefill_and_shared_prefix_pages_match_hf(checkpoint: tuple[str,
     assert_rel_close(out2[0], whole[0])
 
 
-def test_fused_prologues_forced_on_cpu_match_unfused_and_hf(
-    checkpoint: tuple[str, object], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The decode path with the fused norm/activation ops taken wherever a CUDA run would take them (forced:
-    on CPU they are the reference composition): logits bit-identical to the unfused ops, HF's logits, and the
-    fused ops called in the decode steps only (the prefill has more rows than a skinny GEMM takes)."""
-    import xrt.layers.linear as linear_layers
-
-    path, hf = checkpoint
-    runner = make_runner(path)
-    log = XrtOpLog()
-    fused_ops = ("add_rms_norm_linear", "silu_and_mul_linear")
-    monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w: True)
-    # The switch as a config sets it (executor.fuse_prologues), the module's value restored afterwards.
-    monkeypatch.setattr(linear_layers, "FUSE_PROLOGUES", linear_layers.FUSE_PROLOGUES)
-    unfused_cfg, fused_cfg = (
-        attrs.evolve(runner.cfg, executor=attrs.evolve(runner.cfg.executor, fuse_prologues=on)) for on in (False, True)
-    )
-    rng = random.Random(4)
-    prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 5, 12, 3)]
-    pool = PagePool(runner.num_pages, seed=5)
-    tables = [pool.take(len(p) + 4) for p in prompts]
-    seqs = [list(p) for p in prompts]
-    with log:
-        rows = [runner.execute(StepInput(True, [SeqChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))]
-    assert not set(log.calls) & set(fused_ops)
-    for _ in range(3):
-        for s, logits in zip(seqs, rows[-1], strict=True):
-            s.append(int(logits.argmax()))
-        step = StepInput(False, [SeqChunk([s[-1]], len(s) - 1, t) for s, t in zip(seqs, tables, strict=True)])
-        apply_options(unfused_cfg)
-        log.calls.clear()
-        with log:
-            unfused = runner.execute(step)
-        assert not set(log.calls) & set(fused_ops)
-        apply_options(fused_cfg)
-        log.calls.clear()
-        with log:
-            rows.append(runner.execute(step))
-        assert torch.equal(rows[-1], unfused)
-        layers = runner.model.args.num_hidden_layers
-        assert log.calls.count("add_rms_norm_linear") == 2 * layers - 1
-        assert log.calls.count("silu_and_mul_linear") == layers
-    for i, (prompt, seq) in enumerate(zip(prompts, seqs, strict=True)):
-        ref = hf_logits(hf, seq)
-        for j, step_logits in enumerate(rows):
-            assert_rel_close(step_logits[i], ref[len(prompt) - 1 + j])
-
-
-def test_fused_prologues_at_tp2_give_each_rank_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At tp = 2 (collectives stubbed): the fused norm + column-parallel projection gives each rank its rows of
-    the unsharded output, and the fused activation + row-parallel down projection a partial sum that the
-    all-reduce after it completes, exactly as unfused."""
-    import xrt.layers.linear as linear_layers
+def test_layers_at_tp2_give_each_rank_its_share() -> None:
+    """At tp = 2 (collectives stubbed): the column-parallel projection of the normed rows gives each rank its rows
+    of the unsharded output, and the MLP (row-parallel down projection) a partial sum that the all-reduce after it
+    completes."""
     from xrt.layers.linear import ColumnParallelLinear
     from xrt.layers.mlp import GatedMLP
     from xrt.layers.norm import RMSNorm
@@ -201,31 +149,28 @@ def test_fused_prologues_at_tp2_give_each_rank_its_share(monkeypatch: pytest.Mon
     mlp = GatedMLP(16, 24, torch.float32, "cpu")
     for p in (proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight):
         p.data.normal_(generator=gen)
-    want_proj, want_residual = norm.add_forward_linear(x.clone(), residual.clone(), proj)
-    want_mlp = mlp(x)
-    for fused in (False, True):
-        monkeypatch.setattr(linear_layers, "uses_skinny_gemm", lambda x, w, _fused=fused: _fused)
-        parts = []
-        try:
-            for rank in range(2):
-                set_tp(rank, 2)
-                proj_r = ColumnParallelLinear(16, 8, torch.float32, "cpu")
-                proj_r.weight_loader(proj_r.weight, proj.weight.data)
-                out, new_residual = norm.add_forward_linear(x.clone(), residual.clone(), proj_r)
-                torch.testing.assert_close(out, want_proj[:, 4 * rank : 4 * rank + 4], rtol=1e-6, atol=1e-6)
-                assert torch.equal(new_residual, want_residual)
-                mlp_r = GatedMLP(16, 24, torch.float32, "cpu")
-                for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
-                    mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
-                mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
-                with log:
-                    parts.append(mlp_r(x))
-        finally:
-            set_tp(0, 1)
-        reduced = log.skipped
-        assert len(reduced) == 2 and all(r is p for r, p in zip(reduced, parts, strict=True)), fused
-        reduced.clear()
-        torch.testing.assert_close(parts[0] + parts[1], want_mlp, rtol=1e-5, atol=1e-5)
+    normed, want_residual = norm.add_forward(x.clone(), residual.clone())
+    want_proj, want_mlp = proj(normed), mlp(x)
+    parts = []
+    try:
+        for rank in range(2):
+            set_tp(rank, 2)
+            proj_r = ColumnParallelLinear(16, 8, torch.float32, "cpu")
+            proj_r.weight_loader(proj_r.weight, proj.weight.data)
+            normed_r, new_residual = norm.add_forward(x.clone(), residual.clone())
+            torch.testing.assert_close(proj_r(normed_r), want_proj[:, 4 * rank : 4 * rank + 4], rtol=1e-6, atol=1e-6)
+            assert torch.equal(new_residual, want_residual)
+            mlp_r = GatedMLP(16, 24, torch.float32, "cpu")
+            for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
+                mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
+            mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
+            with log:
+                parts.append(mlp_r(x))
+    finally:
+        set_tp(0, 1)
+    reduced = log.skipped
+    assert len(reduced) == 2 and all(r is p for r, p in zip(reduced, parts, strict=True))
+    torch.testing.assert_close(parts[0] + parts[1], want_mlp, rtol=1e-5, atol=1e-5)
 
 
 def test_load_weights_fuses_projections(checkpoint: tuple[str, object]) -> None:

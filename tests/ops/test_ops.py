@@ -10,15 +10,14 @@ import torch
 
 import xrt.ops  # noqa: F401  (registers the ops)
 from xrt.ops import reference
-from xrt.ops.gemm_routing import uses_skinny_gemm
 
 # The ops as callers reach them: through the dispatcher.
 ops = torch.ops.xrt
 paged_attention, qk_norm_rope_store_kv, store_kv = ops.paged_attention, ops.qk_norm_rope_store_kv, ops.store_kv
 all_gather, all_reduce_ = ops.all_gather, ops.all_reduce_
-add_rms_norm_linear, fused_add_rms_norm = ops.add_rms_norm_linear, ops.fused_add_rms_norm
+fused_add_rms_norm = ops.fused_add_rms_norm
 qk_norm_rope = ops.qk_norm_rope
-rms_norm, silu_and_mul, silu_and_mul_linear = ops.rms_norm, ops.silu_and_mul, ops.silu_and_mul_linear
+rms_norm, silu_and_mul = ops.rms_norm, ops.silu_and_mul
 
 
 def naive_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -189,11 +188,6 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
         (torch.ops.xrt.rms_norm.default, (torch.randn(3, 8), torch.rand(8), 1e-6)),
         (torch.ops.xrt.fused_add_rms_norm.default, (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6)),
         (torch.ops.xrt.silu_and_mul.default, (torch.randn(3, 8),)),
-        (torch.ops.xrt.silu_and_mul_linear.default, (torch.randn(3, 8), torch.randn(5, 4))),
-        (
-            torch.ops.xrt.add_rms_norm_linear.default,
-            (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6, torch.randn(5, 8)),
-        ),
         (
             torch.ops.xrt.qk_norm_rope.default,
             (torch.randn(t, (h + 2 * kv) * d), torch.rand(d), torch.rand(d), cos_sin_cache(16, d),
@@ -230,38 +224,12 @@ def test_reference_functions_are_the_op_impls() -> None:
     torch.testing.assert_close(reference.silu_and_mul(x), silu_and_mul(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_linear_ops_are_the_unfused_ops_composed(dtype: torch.dtype) -> None:
-    """On CPU the fused prologue ops compute exactly what the unfused model does (the add rounded to the
-    dtype, then the norm; the activation rounded to the dtype), into new tensors, inputs untouched."""
-    gen = torch.Generator().manual_seed(0)
-    gate_up, w_down = torch.randn(3, 2 * 24, generator=gen).to(dtype), torch.randn(10, 24, generator=gen).to(dtype)
-    gu0 = gate_up.clone()
-    assert torch.equal(silu_and_mul_linear(gate_up, w_down), torch.mm(silu_and_mul(gate_up), w_down.t()))
-    assert torch.equal(gate_up, gu0)
-
-    x, r = torch.randn(3, 32, generator=gen).to(dtype), (4 * torch.randn(3, 32, generator=gen)).to(dtype)
-    norm_w, w = (torch.rand(32, generator=gen) + 0.5).to(dtype), torch.randn(12, 32, generator=gen).to(dtype)
-    x0, r0 = x.clone(), r.clone()
-    y, new_residual = add_rms_norm_linear(x, r, norm_w, 1e-6, w)
-    assert torch.equal(x, x0) and torch.equal(r, r0)
-    x_unfused, r_unfused = x.clone(), r.clone()
-    fused_add_rms_norm(x_unfused, r_unfused, norm_w, 1e-6)
-    assert torch.equal(new_residual, r_unfused) and torch.equal(y, torch.mm(x_unfused, w.t()))
-    assert not uses_skinny_gemm(x, w), "the fused kernels are CUDA-only"
-
-
 SCHEMAS = {
     "rms_norm": "xrt::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     "fused_add_rms_norm": (
         "xrt::fused_add_rms_norm(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"
     ),
     "silu_and_mul": "xrt::silu_and_mul(Tensor x) -> Tensor",
-    "silu_and_mul_linear": "xrt::silu_and_mul_linear(Tensor x, Tensor weight) -> Tensor",
-    "add_rms_norm_linear": (
-        "xrt::add_rms_norm_linear(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) "
-        "-> (Tensor, Tensor)"
-    ),
     "store_kv": "xrt::store_kv(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()",
     "all_reduce_": "xrt::all_reduce_(Tensor(a0!) x) -> ()",
     "all_gather": "xrt::all_gather(Tensor x, SymInt dim) -> Tensor",

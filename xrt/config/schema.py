@@ -203,11 +203,6 @@ class ExecutorArgs:
         "where it beat cuBLAS on the H200 (bench/results/h200-microbench/gemv.md); 0: always cuBLAS",
         validator=ge(0),
     )
-    fuse_prologues: bool = field(
-        False,
-        help="run the norm/activation before a skinny GEMM inside it (one launch fewer); off because with PDL "
-        "it was slower on the H200 (0.6B decode replay 887 -> 961 us at batch 1, bench/results/h200-5b0c7b6)",
-    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),

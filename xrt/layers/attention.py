@@ -69,11 +69,7 @@ class QKNormSelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return self.forward_qkv(positions, self.qkv_proj(hidden))
-
-    def forward_qkv(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """The layer from an already computed qkv projection [T, (H + 2 KV) * D] (as RMSNorm.add_forward_linear
-        gives it; normalised and rotated in place)."""
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 KV) * D], normalised and rotated in place below
         t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn

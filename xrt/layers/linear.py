@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from xrt.layers.weights import check_shape, divide, new_param
-from xrt.ops.gemm_routing import uses_skinny_gemm
 from xrt.ops.parallel_state import tp_rank, tp_size
 
 # The layers' switches, from cfg.executor through `xrt.executor.options.apply_options` (module attributes: read on
@@ -17,14 +16,11 @@ from xrt.ops.parallel_state import tp_rank, tp_size
 # executor.skinny_gemm_max_rows: CUDA batches up to this many rows go through xrt::linear, whose implementation
 # picks the skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
 SKINNY_ROWS = 8
-# executor.fuse_prologues: where a layer runs the skinny GEMM, the norm or activation producing its input runs
-# inside it (the fused prologue ops), one kernel launch fewer each.
-FUSE_PROLOGUES = False
 
 
-def set_options(skinny_rows: int, fuse_prologues: bool) -> None:
-    global SKINNY_ROWS, FUSE_PROLOGUES
-    SKINNY_ROWS, FUSE_PROLOGUES = skinny_rows, fuse_prologues
+def set_options(skinny_rows: int) -> None:
+    global SKINNY_ROWS
+    SKINNY_ROWS = skinny_rows
 
 
 class _Linear(nn.Module):
@@ -52,12 +48,6 @@ class _Linear(nn.Module):
         check_shape(loaded, (self.output_size, self.input_size))
         n = param.shape[self.split_dim]
         param.data.copy_(loaded.narrow(self.split_dim, self.tp_rank * n, n))
-
-    def fuses_prologue(self, x: torch.Tensor) -> bool:
-        """Whether the elementwise op computing this layer's input from x (as many rows) runs fused into the
-        matmul: exactly where `matmul` would run the skinny-GEMM kernel (CUDA decode batches, 16-bit, shapes
-        where it beat cuBLAS). The one place that decides fused against unfused."""
-        return FUSE_PROLOGUES and x.dim() == 2 and x.shape[0] <= SKINNY_ROWS and uses_skinny_gemm(x, self.weight)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
@@ -141,14 +131,8 @@ class RowParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._reduce(self.matmul(x))
 
-    def silu_and_mul_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """self(silu_and_mul(gate_up)); one kernel where the matmul runs the skinny GEMM (`fuses_prologue`)."""
-        if self.fuses_prologue(gate_up):
-            return self._reduce(torch.ops.xrt.silu_and_mul_linear(gate_up, self.weight))
-        return self._reduce(self.matmul(torch.ops.xrt.silu_and_mul(gate_up)))
-
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
-        # Each rank's partial product over its input slice, fused prologue or not: the all-reduce follows both.
+        # Each rank's partial product over its input slice: the all-reduce sums them.
         if self.tp_size > 1:
             torch.ops.xrt.all_reduce_(y)
         return y

@@ -17,9 +17,4 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_forward(self.gate_up_proj(x))
-
-    def down_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The rest of the MLP from an already computed gate_up projection (as RMSNorm.add_forward_linear gives
-        it): the activation and the down projection, fused where the down projection runs the skinny GEMM."""
-        return self.down_proj.silu_and_mul_forward(gate_up)
+        return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x)))

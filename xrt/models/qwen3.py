@@ -44,19 +44,16 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual stream before it); the next layer's norm adds them. Each norm runs
-        with the projection after it, and the MLP's activation with the down projection: with
-        executor.fuse_prologues (off by default) fused into the projection's kernel at decode batch
-        sizes on CUDA (RMSNorm.add_forward_linear, GatedMLP.down_forward)."""
-        attn, mlp = self.self_attn, self.mlp
+        """Returns (mlp output, residual stream before it); the next layer's norm adds them. The sublayers'
+        forward is called directly: nothing hooks them, and nn.Module.__call__ costs host time on every step."""
         if residual is None:
             residual = hidden
-            qkv = attn.qkv_proj(self.input_layernorm(hidden))
+            hidden = self.input_layernorm(hidden)
         else:
-            qkv, residual = self.input_layernorm.add_forward_linear(hidden, residual, attn.qkv_proj)
-        hidden = attn.forward_qkv(positions, qkv)
-        gate_up, residual = self.post_attention_layernorm.add_forward_linear(hidden, residual, mlp.gate_up_proj)
-        return mlp.down_forward(gate_up), residual
+            hidden, residual = self.input_layernorm.add_forward(hidden, residual)
+        hidden = self.self_attn.forward(positions, hidden)
+        hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
+        return self.mlp.forward(hidden), residual
 
 
 class Qwen3Model(nn.Module):

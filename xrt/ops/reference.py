@@ -73,8 +73,8 @@ def qk_norm_rope(
 
 @op("(Tensor x, Tensor weight) -> Tensor", _rows_by_out_features)
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias). On CUDA, small M runs the skinny-GEMM
-    kernel where it beats cuBLAS (`xrt.ops.gemm_routing.uses_skinny_gemm`)."""
+    """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias). On CUDA the skinny-GEMM kernel where it
+    beats cuBLAS (`xrt.ops.cuda_impls.linear`)."""
     return torch.mm(x, weight.t())
 
 
@@ -83,25 +83,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     x32 = x.float()
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
-
-
-@op("(Tensor x, Tensor weight) -> Tensor", _rows_by_out_features)
-def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """linear(silu_and_mul(x), weight): x [M, 2I], weight [N, I] -> [M, N]."""
-    return linear(silu_and_mul(x), weight)
-
-
-@op(
-    "(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight) -> (Tensor, Tensor)",
-    lambda x, residual, norm_weight, eps, weight: (_rows_by_out_features(x, weight), torch.empty_like(x)),
-)
-def add_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused_add_rms_norm then linear, into new tensors: h = x + residual -> (linear(rms_norm(h), weight), h).
-    x and residual are not written."""
-    summed = x + residual
-    return linear(rms_norm(summed, norm_weight, eps), weight), summed
 
 
 @op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()")
