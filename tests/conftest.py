@@ -23,7 +23,8 @@ from interpret_guard import register as register_interpret_guard
 from xrt.config import CacheArgs, Device, DType, ModelArgs, SchedulerArgs, XrtConfig
 from xrt.executor.interface import PendingTokens
 from xrt.executor.step import DecodeBatch, StepInput
-from xrt.kvcache.device import DeviceKVCache, KVLayout
+from xrt.kvcache.connector import NoTierConnector
+from xrt.kvcache.device import KVLayout
 
 # ---------------------------------------------------------------- GPU tests: *_gpu.py, collected with --gpu
 
@@ -187,9 +188,12 @@ class FakeRunner:
         self.decode_capacity = 0  # no launch_decode: every step goes through execute()
         self.last_argmax: torch.Tensor | None = None
         self.kv: list[tuple[int, int] | None] = [None] * (num_pages * page_size)
-        # the Runner protocol's device KV tensor (what KV tiers copy); the fake keeps its KV in self.kv
-        self.kv_cache = DeviceKVCache([], KVLayout(1, page_size, 1, 1, torch.float32), num_pages, self.device)
+        self.kv_layout = KVLayout(1, page_size, 1, 1, torch.float32)  # the fake keeps its KV in self.kv
+        self.connector = NoTierConnector()
         self.steps: list[StepInput] = []
+
+    def close(self) -> None:
+        pass
 
     @staticmethod
     def context_logits(context: list[int], vocab_size: int) -> torch.Tensor:

@@ -92,7 +92,10 @@ class _Altered:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.runner, self.tiers = engine.runner, engine.tiers
+        self.runner, self.scheduler = engine.runner, engine.scheduler
+
+    def close(self) -> None:
+        self.engine.close()
 
     def add_request(self, prompt: list[int], sampling: SamplingArgs) -> int:
         return self.engine.add_request(prompt, sampling)

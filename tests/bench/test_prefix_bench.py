@@ -15,7 +15,7 @@ from xrt.bench.disk import PROBE_FILE, drop_from_page_cache, probe_disk, residen
 from xrt.bench.latency import build_engine
 from xrt.bench.prefix import OUTPUT_TOKENS, PHASES, run_prefix
 from xrt.bench.sweep_results import direction
-from xrt.bench.tiers import L2_DIR
+from xrt.bench.tiers import L2_DIR, tier_manager
 from xrt.cli.main import main
 from xrt.config import BenchArgs, BenchObjective, BenchScenario, XrtConfig
 from xrt.config.compose import load_config
@@ -100,8 +100,9 @@ def test_a_restart_whose_l2_load_looks_slower_than_recompute_recomputes(tiny_che
 
     def slow_storage(c: XrtConfig) -> Any:
         engine = build_engine(c)
-        if engine.tiers is not None:
-            engine.tiers.policy.l2_bandwidth = 1.0  # the restart's warm-up measures the prefill rate
+        tiers = tier_manager(engine)
+        if tiers is not None:
+            tiers.policy.l2_bandwidth = 1.0  # the restart's warm-up measures the prefill rate
         built.append(c.cache.tiers.value)
         return engine
 

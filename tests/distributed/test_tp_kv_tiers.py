@@ -41,7 +41,7 @@ from xrt.executor.runner import ModelRunner
 from xrt.kvstore.build import key_namespace
 from xrt.kvstore.l2 import l2_dir
 from xrt.kvstore.stats import GPU, L1, L2
-from xrt.kvstore.tiered import TieredKVCacheManager
+from xrt.kvstore.connector import TieredConnector
 
 CHUNK = 16
 SAMPLING = SamplingArgs(max_tokens=6, ignore_eos=True)
@@ -65,14 +65,15 @@ def one_by_one(llm: LLM, evict: bool = False) -> list[list[int]]:
     out = []
     for p in prompts():
         if evict:
-            tiers_of(llm).evict()  # forget the GPU prefix cache: shared prefixes must come from a tier
+            llm.engine.scheduler.kv.evict()  # forget the GPU prefix cache: shared prefixes must come from a tier
         out.append(llm.generate([p], SAMPLING, use_tqdm=False)[0].token_ids)
     return out
 
 
-def tiers_of(llm: LLM) -> TieredKVCacheManager:
-    assert llm.engine.tiers is not None
-    return llm.engine.tiers
+def tiers_of(llm: LLM) -> TieredConnector:
+    tiers = llm.engine.runner.connector
+    assert isinstance(tiers, TieredConnector)
+    return tiers
 
 
 class Run:

@@ -53,7 +53,7 @@ class AsyncFakeRunner:
         self.num_pages, self.page_size = base.num_pages, base.page_size
         self.max_model_len, self.vocab_size = base.max_model_len, base.vocab_size
         self.checkpoint_dir = None
-        self.kv_cache = base.kv_cache
+        self.kv_layout, self.connector = base.kv_layout, base.connector
         self.decode_capacity = capacity
         self.last_argmax = None  # execute() is the base's, which computes no argmax
         max_pages = -(-(base.max_model_len + 1) // base.page_size)
@@ -63,6 +63,9 @@ class AsyncFakeRunner:
         self.max_in_flight = 0
         self.launch_sizes: list[int] = []
         self.sourced_rows = 0
+
+    def close(self) -> None:
+        pass
 
     def execute(self, step: StepInput) -> Any:
         assert not self.in_flight, "a synchronous step while decode launches are unread"

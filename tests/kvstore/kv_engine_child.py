@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import tiny_config
-from kvstore_support import generate_each, tier_cache
+from kvstore_support import generate_each, tier_cache, tiers_of
 
 from xrt.config import KVTiers
 from xrt.engine.llm import LLM
@@ -94,8 +94,7 @@ def main() -> None:
         cache=tier_cache(KVTiers.L1_L2, spec["l2_path"], spec.get("l1_chunks"), spec.get("l2_chunks")),
     )
     llm = LLM(cfg)
-    tiers = llm.engine.tiers
-    assert tiers is not None
+    tiers = tiers_of(llm)
     if spec.get("ready"):
         Path(spec["ready"]).touch()
         while not os.path.exists(spec["go"]):

@@ -29,7 +29,7 @@ from xrt.kvstore.index import INDEX, LOCK, parse_data_name
 from xrt.kvstore.keys import KeyNamespace, chunk_keys
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import DIR_PREFIX, MEASUREMENTS, TEMP_SUFFIX, L2Store
-from xrt.kvstore.tiered import TieredKVCacheManager
+from xrt.kvstore.connector import TieredConnector
 from xrt.models.tiny import tiny_model_args
 from xrt.units import GB
 
@@ -106,12 +106,13 @@ def reference(make_cfg: Callable[..., XrtConfig], prompts: Iterable[list[int]]) 
     return generate_each(LLM(make_cfg(cache=tier_cache(KVTiers.GPU, ""))), prompts)
 
 
-def tiers_of(llm: LLM) -> TieredKVCacheManager:
-    assert llm.engine.tiers is not None
-    return llm.engine.tiers
+def tiers_of(llm: LLM) -> TieredConnector:
+    tiers = llm.engine.runner.connector
+    assert isinstance(tiers, TieredConnector)
+    return tiers
 
 
-def settle(tiers: TieredKVCacheManager, close: bool = False, timeout: float = 60) -> None:
+def settle(tiers: TieredConnector, close: bool = False, timeout: float = 60) -> None:
     """tiers.flush() (or close()), failing rather than hanging when the L2 writer never gets through its queue
     (it died, or is stuck)."""
     t = threading.Thread(target=tiers.close if close else tiers.flush, daemon=True)

@@ -23,7 +23,7 @@ from kvstore_support import (
 
 from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
-from xrt.kvstore.tiered import GPU, L1, L2
+from xrt.kvstore.connector import GPU, L1, L2
 
 PAGE = 4
 
@@ -67,7 +67,7 @@ def test_prefix_hits_follow_chunk_arithmetic(
     assert llm.engine.num_prefill_tokens - before == len(b1) - gpu
 
     # L1: whole chunks only
-    tiers.evict()
+    llm.engine.scheduler.kv.evict()
     before = llm.engine.num_prefill_tokens
     assert generate_each(llm, [b2]) == want[2:3]
     assert tiers.stats.hit_tokens == {GPU: gpu, L1: chunks * CHUNK, L2: 0}

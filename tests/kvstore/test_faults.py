@@ -40,7 +40,7 @@ from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.index import INDEX, L2Index, parse_data_name
 from xrt.kvstore.keys import chunk_keys
-from xrt.kvstore.tiered import GPU, L1, L2
+from xrt.kvstore.connector import GPU, L1, L2
 
 ZERO = {GPU: 0, L1: 0, L2: 0}
 
@@ -138,7 +138,7 @@ def test_unwritable_l2_path(diverse_cfg: Callable[..., XrtConfig], tmp_path: Pat
         tiers = tiers_of(llm)
         assert tiers.l2 is not None and tiers.l2.error
         assert generate_each(llm, [first]) == want[:1]
-        tiers.evict()
+        llm.engine.scheduler.kv.evict()
         assert generate_each(llm, [second]) == want[1:]
         settle(tiers, close=True)
         # L1 still serves; L2 stored nothing and failed nothing
@@ -254,7 +254,7 @@ def test_tiny_tiers_evict_and_stay_correct(
     d = namespace_dir(tmp_path)
     got = []
     for p in prompts:
-        tiers.evict()
+        llm.engine.scheduler.kv.evict()
         got += generate_each(llm, [p])
         settle(tiers)
         assert len(check_l2_dir(d)) <= 3

@@ -20,7 +20,7 @@ from xrt.kvstore.keys import chunk_keys
 from xrt.kvstore.l2 import L2Error
 from xrt.kvstore.policy import FLOOR_BYTES_PER_S, MIN_DEADLINE_S, RECENT_PREFILLS, LoadPolicy, PrefillClock
 from xrt.kvstore.stats import GPU, L1, L2
-from xrt.kvstore.tiered import TieredKVCacheManager
+from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.writer import MAX_CONSECUTIVE_ERRORS
 
 
@@ -63,7 +63,7 @@ def test_cached_tokens_per_request(diverse_cfg: Callable[..., XrtConfig], tmp_pa
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1, tmp_path)))
     first = llm.generate([prompts(0)[0]], SAMPLING, use_tqdm=False)[0]
     assert first.cached_tokens == {GPU: 0, L1: 0, L2: 0} and first.num_cached_tokens == 0
-    tiers_of(llm).evict(max_pages=6)  # the GPU keeps the prefix's first pages, L1 serves the rest
+    llm.engine.scheduler.kv.evict(max_pages=6)  # the GPU keeps the prefix's first pages, L1 serves the rest
     out = llm.generate([prompts(0)[2]], SAMPLING, use_tqdm=False)[0]
     assert sum(out.cached_tokens.values()) == out.num_cached_tokens == 5 * CHUNK
     assert out.cached_tokens[GPU] > 0 and out.cached_tokens[L1] > 0 and out.cached_tokens[L2] == 0
@@ -178,7 +178,7 @@ def test_failing_stores_turn_the_l2_store_off(diverse_cfg: Callable[..., XrtConf
     assert s.dropped_l2 == 2 and s.stored_l2 == 0  # refused once off
     assert not list(tmp_path.glob("xrt-kv-*/*.kv")) and not list(tmp_path.glob("xrt-kv-*/.*.tmp"))
     assert not any(tiers.l1._refs)
-    assert isinstance(tiers, TieredKVCacheManager)
+    assert isinstance(tiers, TieredConnector)
 
 
 def test_a_restarted_engine_starts_from_measurements(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path) -> None:

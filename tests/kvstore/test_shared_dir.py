@@ -29,7 +29,7 @@ from kvstore_support import (
 
 from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
-from xrt.kvstore.tiered import GPU, L1, L2
+from xrt.kvstore.connector import GPU, L1, L2
 
 
 def test_two_processes_store_into_one_directory(

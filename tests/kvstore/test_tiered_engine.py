@@ -12,7 +12,7 @@ import pytest
 from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, L2LoadPolicy, SamplingArgs, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvcache.interface import PrefixHit
-from xrt.kvstore.tiered import GPU, L1, L2, TieredKVCacheManager
+from xrt.kvstore.connector import GPU, L1, L2, TieredConnector
 
 CHUNK = 16
 SAMPLING = SamplingArgs(max_tokens=6, ignore_eos=True)
@@ -37,9 +37,10 @@ def outputs(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(batch, SAMPLING, use_tqdm=False)]
 
 
-def tiers_of(llm: LLM) -> TieredKVCacheManager:
-    assert llm.engine.tiers is not None
-    return llm.engine.tiers
+def tiers_of(llm: LLM) -> TieredConnector:
+    tiers = llm.engine.runner.connector
+    assert isinstance(tiers, TieredConnector)
+    return tiers
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_l1_l2_outputs_equal_gpu_only(diverse_cfg: Callable[..., XrtConfig], tmp
     tiers = tiers_of(llm)
     got = []
     for p in prompts(0):
-        tiers.evict()  # forget the GPU prefix cache: the shared prefix must come from L1
+        llm.engine.scheduler.kv.evict()  # forget the GPU prefix cache: the shared prefix must come from L1
         got.append(outputs(llm, [p])[0])
     assert got == want
     # prompts 2 and 3 find their shared prefix's whole chunks (5 and 3) in L1; nothing was GPU-only
@@ -74,11 +75,11 @@ def test_l1_only_in_one_batch(diverse_cfg: Callable[..., XrtConfig], tmp_path: P
     """All prompts at once: the GPU prefix cache serves what it holds, L1 what it evicted."""
     cfg = diverse_cfg(cache=cache(KVTiers.L1, tmp_path))
     llm = LLM(cfg)
-    assert llm.engine.tiers is not None and llm.engine.tiers.l2 is None
+    assert tiers_of(llm).l2 is None
     assert outputs(llm, prompts(0)) == want
-    llm.engine.tiers.evict()
+    llm.engine.scheduler.kv.evict()
     assert outputs(llm, prompts(0)) == want
-    assert llm.engine.tiers.stats.hit_tokens[L1] > 0
+    assert tiers_of(llm).stats.hit_tokens[L1] > 0
     assert not list(tmp_path.iterdir())  # l1 writes no files
 
 
@@ -90,7 +91,7 @@ def test_one_copy_up_for_a_steps_admissions(diverse_cfg: Callable[..., XrtConfig
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1, tmp_path)))
     tiers = tiers_of(llm)
     assert outputs(llm, prompts(0)) == want
-    tiers.evict()
+    llm.engine.scheduler.kv.evict()
     calls: list[int] = []
     scatter = tiers.copier.scatter_chunks
 
@@ -136,7 +137,7 @@ def test_gpu_hit_ending_inside_a_chunk(diverse_cfg: Callable[..., XrtConfig], tm
         llm = LLM(diverse_cfg(cache=cache(KVTiers.L1, tmp_path)))
         tiers = tiers_of(llm)
         outputs(llm, prompts(0)[:1])
-        tiers.evict(max_pages=n)
+        llm.engine.scheduler.kv.evict(max_pages=n)
         assert outputs(llm, [prompts(0)[2]]) == [want[2]], n
         gpu, l1 = tiers.stats.hit_tokens[GPU], tiers.stats.hit_tokens[L1]
         assert gpu + l1 == 5 * CHUNK, n  # the whole shared prefix, from one tier or the other
@@ -153,7 +154,7 @@ def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., Xrt
     tiers = tiers_of(again)
     tiers.policy.l2_bandwidth, tiers.policy.prefill_rate = 1.0, 1e12  # 1 byte/s storage against instant prefill
     keyed: list[int] = []  # chunks keyed by lookups
-    chunk_keys, lookup = tiers.keys.keys, tiers.lookup
+    chunk_keys, match = tiers.keys.keys, tiers.match
     looking: list[bool] = [False]
 
     def keys(token_ids: list[int], n: int) -> list[bytes]:
@@ -161,14 +162,14 @@ def test_l2_load_slower_than_recompute_is_skipped(diverse_cfg: Callable[..., Xrt
             keyed.append(n)
         return chunk_keys(token_ids, n)
 
-    def counted_lookup(token_ids: list[int]) -> PrefixHit:
+    def counted_match(token_ids: list[int], gpu: PrefixHit) -> PrefixHit:
         looking[0] = True
         try:
-            return lookup(token_ids)
+            return match(token_ids, gpu)
         finally:
             looking[0] = False
 
-    tiers.keys.keys, tiers.lookup = keys, counted_lookup  # type: ignore[method-assign]
+    tiers.keys.keys, tiers.match = keys, counted_match  # type: ignore[method-assign]
     assert outputs(again, [prompts(0)[2]]) == [want[2]]
     assert tiers.stats.hit_tokens[L2] == 0 and tiers.stats.skipped_slow >= 1
     # the lookup keyed the first chunk only: the policy cuts an L2 run whole, so the rest was not worth keying

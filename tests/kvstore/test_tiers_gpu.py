@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from xrt.bench.tiers import run_requests
+from xrt.bench.tiers import run_requests, tier_manager
 from xrt.config import ExecutorKind, XrtConfig
 from xrt.config.compose import load_config
 from xrt.engine.engine import LLMEngine
@@ -28,16 +28,16 @@ def _phases(cfg: XrtConfig, length: int, reps: int = 2) -> list[dict[str, list[i
         got = {}
         (o,) = run_requests(engine, [prompt], 8)
         got["cold"] = list(o.token_ids)
-        engine.tiers.flush()
+        tier_manager(engine).flush()
         (o,) = run_requests(engine, [prompt], 8)
         assert o.cached_tokens["gpu"] >= length - cfg.cache.page_size
         got["gpu"] = list(o.token_ids)
-        engine.tiers.evict()
+        engine.scheduler.kv.evict()
         (o,) = run_requests(engine, [prompt], 8)
         assert o.cached_tokens["l1"] == (length - 1) // cfg.cache.chunk_tokens * cfg.cache.chunk_tokens > 0
         got["l1"] = list(o.token_ids)
         out.append(got)
-    engine.tiers.close()
+    engine.close()
     return out
 
 

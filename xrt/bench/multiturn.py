@@ -44,6 +44,7 @@ from xrt.bench.tiers import (
     served_by_tier,
     stats_diff,
     stats_snapshot,
+    tier_manager,
     tpot_ms,
     ttft_ms,
     with_tiers,
@@ -150,7 +151,7 @@ def _run_setting(
     for w in range(b.warmup):
         rng = np.random.default_rng([cfg.seed, WARMUP_REP + w])
         run_requests(engine, [rng.integers(0, cfg.model.vocab_size, size=b.turn_len).tolist()], WARMUP_TOKENS)
-    manager = getattr(engine, "tiers", None)
+    manager = tier_manager(engine)
     if manager is not None:
         manager.flush()
     histories: list[list[int]] = [[] for _ in range(b.clients)]

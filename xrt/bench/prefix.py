@@ -46,6 +46,7 @@ from xrt.bench.tiers import (
     build_tiered_engine,
     check_tiers_config,
     close_engine,
+    evict_gpu_prefix,
     fresh_dir,
     kv_bytes_per_token,
     log_line,
@@ -235,7 +236,7 @@ def _measure_length(
             tiers.flush()  # the L2 writer done before the next phases are timed
         step("gpu", engine, p, i)
         if tiers is not None:
-            tiers.evict()  # forget the GPU prefix cache: the next lookup goes to L1
+            evict_gpu_prefix(engine)  # forget the GPU prefix cache: the next lookup goes to L1
         step("l1", engine, p, i)
         close_engine(engine)
         _add(store_stats, stats_diff(stats_snapshot(engine), start))

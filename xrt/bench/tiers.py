@@ -20,6 +20,7 @@ from xrt.bench.latency import free_memory
 from xrt.bench.setup import BenchError
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device
+from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.stats import is_level
 
 TIERS = ("gpu", "l1", "l2")
@@ -63,17 +64,23 @@ def build_tiered_engine(factory: Any, cfg: XrtConfig) -> Engine:
         raise
 
 
-def tier_manager(engine: Engine) -> Any:
-    """The engine's TieredKVCacheManager; None for cache.tiers=gpu (or a stand-in engine)."""
-    return getattr(engine, "tiers", None)
+def tier_manager(engine: Engine) -> TieredConnector | None:
+    """The engine's KV tiers (its runner's connector); None for cache.tiers=gpu (or a stand-in engine)."""
+    connector = getattr(getattr(engine, "runner", None), "connector", None)
+    return connector if isinstance(connector, TieredConnector) else None
+
+
+def evict_gpu_prefix(engine: Engine) -> None:
+    """Forget the GPU prefix cache's keys: the next lookup of a prompt goes to the tiers."""
+    engine.scheduler.kv.evict()  # type: ignore[attr-defined]
 
 
 def close_engine(engine: Engine) -> None:
-    """Wait for the L2 writer and stop it; the caller then drops its reference and calls release()."""
-    tiers = tier_manager(engine)
-    if tiers is not None:
-        tiers.flush()
-        tiers.close()
+    """Close the engine (the L2 writer through its queue, its threads stopped); the caller then drops its
+    reference and calls release()."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
 
 
 def release(cfg: XrtConfig) -> None:
@@ -83,7 +90,7 @@ def release(cfg: XrtConfig) -> None:
 
 def kv_bytes_per_token(engine: Engine) -> int:
     """Bytes of one token's K and V over every layer, from the engine's KV layout."""
-    layout = engine.runner.kv_cache.layout  # type: ignore[attr-defined]
+    layout = engine.runner.kv_layout  # type: ignore[attr-defined]
     return layout.bytes_per_page // layout.page_size
 
 

@@ -11,13 +11,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from xrt.cli.paths import output_problems
 from xrt.config import XrtConfig
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.reflect import ConfigError
+
+if TYPE_CHECKING:  # the engine (and torch) load only once the config is checked
+    from xrt.engine.llm import LLM
 
 Prompt = str | list[int]
 
@@ -34,12 +37,27 @@ def main(cfg: XrtConfig) -> int:
         for line in ConfigError(problems).lines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    opened = _Opened()
+    try:
+        return _run(cfg, opened)
+    finally:
+        if opened.llm is not None:
+            opened.llm.close()  # the tiers' threads and L2 queue, worker processes: also on an error or Ctrl-C
+
+
+class _Opened:
+    """The LLM `_run` made, for `main` to close whatever way `_run` ends."""
+
+    llm: LLM | None = None
+
+
+def _run(cfg: XrtConfig, opened: _Opened) -> int:
     sources: list[str] = []
     try:
         prompts, sources = read_prompts(cfg)
         from xrt.engine.llm import LLM
 
-        llm = LLM(cfg)
+        llm = opened.llm = LLM(cfg)
         if cfg.chat:
             prompts = [llm.apply_chat_template([{"role": "user", "content": _as_text(p)}]) for p in prompts]
         # Opened (and an earlier file replaced) only once the model is up: a failed load leaves it alone.
@@ -64,10 +82,9 @@ def main(cfg: XrtConfig) -> int:
     for out in outputs:
         print_output(out)
     print(summary(llm.startup_s, outputs, elapsed), flush=True)
-    if llm.engine.tiers is not None:
-        llm.engine.tiers.flush()  # the L2 writer finishes first, so the counts are final (and in L2 for the next run)
-        tiers = llm.engine.tiers
-        print(tiers.stats.summary(tiers.writer.depth if tiers.writer else 0), flush=True)
+    tiers = llm.stats().get("tiers")  # every L2 writer through its queue first: the counts are final
+    if tiers is not None:
+        print(tiers.summary(), flush=True)
     if cfg.output:
         print(f"wrote {len(outputs)} results to {cfg.output}", flush=True)
     failed = [o for o in outputs if o.finish_reason == "error"]

@@ -284,6 +284,9 @@ class L2Args:
                             "4096-aligned (else, and where the filesystem refuses it, buffered): reads bypass the "
                             "page cache, which L1 already is, and run at the disk's direct rate (~1.4x buffered on "
                             "the H200 machine); writes stay buffered")
+    flush_timeout_s: float = field(60.0, help="longest an engine's close (or the exit of a process that did not close "
+                                   "it) waits for the L2 writer to store what is queued; what is left is dropped",
+                                   unit="s", validator=gt(0))
 
 
 @attrs.define

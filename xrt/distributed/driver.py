@@ -9,6 +9,7 @@ terminates the workers instead of asking them to leave."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from xrt.config import XrtConfig
+from xrt.config import KVTiers, XrtConfig
 from xrt.distributed.env import torchrun_env
 from xrt.distributed.errors import WorkerFailed
 from xrt.distributed.kv_peers import KVPeers
@@ -26,6 +27,7 @@ from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.connector import NoTierConnector, TierConnector
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.ops.parallel_state import TPState, swap_tp
 
@@ -57,7 +59,8 @@ class TPRunner:
         self.max_model_len = local.max_model_len
         self.vocab_size = local.vocab_size
         self.checkpoint_dir = local.checkpoint_dir
-        self.kv_cache = local.kv_cache  # rank 0's shard: its KV tiers copy from it (the others from theirs)
+        self._cfg = cfg
+        self.kv_layout = local.kv_layout
         self.decode_capacity = local.decode_capacity
         self.tp = groups.size
 
@@ -94,16 +97,29 @@ class TPRunner:
 
         return self._call(run)
 
-    def kv_peers(self) -> KVPeers:
-        """The other ranks' KV tier shards, for rank 0's tiered KV manager."""
-        return KVPeers(self)
+    @functools.cached_property
+    def connector(self) -> TierConnector:
+        """Rank 0's KV tiers over its own shard of the KV cache, reaching the other ranks' shards (each rank's own
+        L1 and L2) through the step channel."""
+        if self._cfg.cache.tiers is KVTiers.GPU:
+            return NoTierConnector()
+        from xrt.kvstore.factory import build_connector  # the tiers (and NIXL) load only with cache.tiers set
+
+        return build_connector(self._cfg, self._local.kv_cache, self.checkpoint_dir, KVPeers(self))
 
     @property
     def closed(self) -> bool:
         return self._ranks.closed
 
     def close(self) -> None:
-        """Stop the workers and release the process groups (also when collected, and at exit)."""
+        """Close the KV tiers (every rank's L2 writer through its queue), then stop the workers and release the
+        process groups (also when collected, and at exit)."""
+        if "connector" in self.__dict__ and not self.closed:
+            try:
+                self.connector.close()
+            finally:
+                self._closer()
+            return
         self._closer()
 
     def _call(self, fn: Callable[[], T]) -> T:

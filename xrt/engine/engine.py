@@ -1,7 +1,9 @@
 """LLMEngine: requests in, one scheduled forward pass per `step()`, finished requests out.
 
 The engine uses the runner only through `xrt.executor.interface.Runner` and the scheduler (which
-owns the KV cache manager) only through its public methods.
+owns the KV cache manager) only through its public methods; it tells the KV cache where each step
+stands (started, launched, read back) and which queued requests were left waiting, for whatever
+tier connector the runner gave it (one that does nothing without tiers). It knows no tier.
 
 Overlapped decoding: with a runner that launches greedy decode steps itself (`decode_capacity` > 0,
 the CUDA-graph runner), a decode `step()` launches step N+1 before it reads step N's tokens back, so the
@@ -19,11 +21,11 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from xrt.config import KVTiers, SamplingArgs, XrtConfig, runtime_check
+from xrt.config import SamplingArgs, XrtConfig, runtime_check
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.sampler import sample
@@ -34,13 +36,10 @@ from xrt.engine.tokenizer import Tokenizer
 from xrt.engine.validate_prompts import Prompt, check_prompt
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import PendingTokens, Runner
+from xrt.kvcache.connector import TierCounters
 from xrt.kvcache.manager import KVCacheManager
 from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
-
-if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
-    from xrt.kvstore.peers import TierPeers
-    from xrt.kvstore.tiered import TieredKVCacheManager
 
 log = get_logger(__name__)
 
@@ -91,21 +90,15 @@ class LLMEngine:
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else []
         self.max_model_len = runner.max_model_len
         self.vocab_size = runner.vocab_size
-        self.tiers: TieredKVCacheManager | None = None
-        if cfg.cache.tiers is KVTiers.GPU:
-            kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching)
-        else:
-            from xrt.kvstore.build import build_tiered
-
-            kv = self.tiers = build_tiered(cfg, runner.kv_cache, runner.checkpoint_dir, _tier_peers(cfg, runner))
-        self.scheduler = Scheduler(cfg.scheduler, kv, self.max_model_len)
+        self._kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching, runner.connector)
+        self.scheduler = Scheduler(cfg.scheduler, self._kv, self.max_model_len)
         self._ids = itertools.count()
         # executor.overlap=false turns overlapping off, to measure what it buys.
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
-        self._queued: list[Sequence] = []  # queued since the last step was scheduled (KV tiers: prefetch)
+        self._queued: list[Sequence] = []  # queued since the last step was scheduled (a tier may read ahead)
         self._warned_max_tokens = False
-        self.num_steps = 0
+        self._closed = False
         self.num_prefill_tokens = 0
         self.num_generated_tokens = 0
 
@@ -166,8 +159,7 @@ class LLMEngine:
             detokenizer=self.tokenizer.detokenizer(len(ids)) if self.tokenizer else None,
         )
         self.scheduler.add(seq)
-        if self.tiers is not None:
-            self._queued.append(seq)  # prefetched if it is still waiting once a step is scheduled
+        self._queued.append(seq)  # prefetched if it is still waiting once a step is scheduled
         return request_id
 
     def has_unfinished(self) -> bool:
@@ -194,7 +186,6 @@ class LLMEngine:
         if scheduled is None:
             self._prefetch_waiting()
             return
-        self.num_steps += 1
         step = scheduled.step
         seqs = scheduled.sampled_seqs
         if step.is_prefill:
@@ -206,35 +197,27 @@ class LLMEngine:
             tokens = pending.tokens()
             self.scheduler.postprocess(scheduled)
         else:
-            timed = self.tiers is not None and step.is_prefill
-            if timed:
-                # what recomputing a prefix costs, against which the tiers weigh loading it (device events:
-                # no sync here)
-                self.tiers.prefill_started()
+            self._kv.step_started(step.is_prefill)
             logits = self.runner.execute(step)
-            if timed:
-                self.tiers.prefill_done(step.num_tokens)
+            self._kv.step_launched(step.is_prefill, step.num_tokens)
             self._prefetch_waiting()  # while the device runs the step
             self.scheduler.postprocess(scheduled)
             tokens = self._sample(logits, seqs) if seqs else []
         now = time.perf_counter()
         for seq, token in zip(seqs, tokens, strict=True):
             self._append(seq, token, now)
-        if self.tiers is not None:
-            self.tiers.start_stores()  # the chunks this step completed, now that its tokens are read back
+        self._kv.step_read_back()  # e.g. a tier's stores of what this step computed
 
     def _prefetch_waiting(self) -> None:
-        """The KV tiers' prefetch (its L2 prefix into L1) for each request queued since the last call that the
-        scheduler left waiting: one admitted at once loads from L2 at admission, and a prefetch of it would only
-        compete with its own prefill (keying its tokens, reads and checksums on the host). seq.token_ids: the
-        list whose chunk keys the lookup and the stores reuse."""
+        """The KV cache's read-ahead (a tier's L2 prefix into L1) for each request queued since the last call that
+        the scheduler left waiting: one admitted at once loads at admission, and a prefetch of it would only
+        compete with its own prefill. seq.token_ids: the list whose chunk keys the lookup and the stores reuse."""
         if not self._queued:
             return
         queued, self._queued = self._queued, []
-        assert self.tiers is not None
         for seq in queued:
             if seq.status is SeqStatus.WAITING and not seq.page_table:
-                self.tiers.prefetch(seq.token_ids)
+                self._kv.prefetch(seq.token_ids)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
@@ -249,7 +232,6 @@ class LLMEngine:
         if not seqs:
             return False
         after = self._inflight[-1].pending if self._inflight else None
-        self.num_steps += 1
         batch = self.scheduler.decode_batch(seqs, overlapped=True)
         self._inflight.append(Launch(seqs, batch.positions, self.runner.launch_decode(batch, after)))
         return True
@@ -259,8 +241,7 @@ class LLMEngine:
         tokens = launch.pending.tokens()
         now = time.perf_counter()
         self.scheduler.decode_resolved(launch.seqs, launch.positions, tokens, now, self._append)
-        if self.tiers is not None:
-            self.tiers.start_stores()
+        self._kv.step_read_back()
 
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         self.num_generated_tokens += 1
@@ -279,18 +260,23 @@ class LLMEngine:
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
 
+    def tier_stats(self) -> TierCounters | None:
+        """What the KV tiers did (every rank's L2 writer through its queue first); None without tiers."""
+        return self._kv.tier_stats()
 
-def _tier_peers(cfg: XrtConfig, runner: Runner) -> TierPeers | None:
-    """With parallel.tp > 1 every rank holds its own shard of the KV tiers: rank 0's manager reaches the
-    others' through the tensor-parallel runner."""
-    if cfg.parallel.tp == 1:
-        return None
-    from xrt.distributed.driver import TPRunner
-
-    if not isinstance(runner, TPRunner):
-        raise ValueError(f"cache.tiers={cfg.cache.tiers.value} with parallel.tp={cfg.parallel.tp} needs the "
-                         f"tensor-parallel runner, got {type(runner).__name__}")
-    return runner.kv_peers()
+    def close(self) -> None:
+        """Read back what is in flight, close the KV tiers (their threads, the L2 writer's queue, the load
+        policy's measurements), then the runner (its worker processes); idempotent. Requests still queued or
+        running are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            while self._inflight:
+                self._inflight.popleft().pending.tokens()
+            self._kv.close()
+        finally:
+            self.runner.close()
 
 
 def _checkpoint_tokenizer(checkpoint_dir: str | None, chat: bool) -> Tokenizer | None:

@@ -1,9 +1,11 @@
-"""The offline API: `LLM(cfg).generate(prompts)` and `LLM(cfg).chat(messages)`."""
+"""The offline API: `LLM(cfg).generate(prompts)` and `LLM(cfg).chat(messages)`; `close()` (or `with LLM(cfg) as
+llm:`) stops everything the engine started."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from xrt.config import SamplingArgs, XrtConfig
@@ -14,6 +16,7 @@ from xrt.engine.tokenizer import Message, Tokenizer
 from xrt.engine.validate_prompts import Prompt, as_prompt_list
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import Runner
+from xrt.kvcache.connector import TierCounters
 from xrt.progress import Progress
 
 SamplingLike = SamplingArgs | dict[str, Any] | None
@@ -35,6 +38,31 @@ class LLM:
     @property
     def tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every thread and worker process of the engine: the KV tiers' L2 writer finishes its queue (at most
+        cache.l2.flush_timeout_s) and the load policy's measurements are written for the next process; tensor-
+        parallel workers leave. Idempotent; the LLM takes no requests after."""
+        self.engine.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters: prompt tokens prefilled, tokens generated, preemptions, and with KV tiers
+        `"tiers"` (what each tier supplied and moved: `TierCounters`, whose `summary()` `xrt run` prints and whose
+        `as_dict()` bench rows record), every rank's L2 writer through its queue first."""
+        e = self.engine
+        out: dict[str, Any] = {"prefill_tokens": e.num_prefill_tokens, "generated_tokens": e.num_generated_tokens,
+                               "preemptions": e.num_preemptions}
+        tiers: TierCounters | None = e.tier_stats()
+        if tiers is not None:
+            out["tiers"] = tiers
+        return out
 
     def generate(
         self,

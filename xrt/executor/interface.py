@@ -9,7 +9,8 @@ from typing import Protocol
 import torch
 
 from xrt.executor.step import DecodeBatch, StepInput
-from xrt.kvcache.device import DeviceKVCache
+from xrt.kvcache.connector import TierConnector
+from xrt.kvcache.device import KVLayout
 
 
 class PendingTokens(Protocol):
@@ -27,8 +28,10 @@ class Runner(Protocol):
     max_model_len: int
     vocab_size: int  # rows of the logits (token ids must be below it)
     checkpoint_dir: str | None  # where the tokenizer lives; None for dummy weights
-    # The device KV tensor and its layout; read only with KV tiers (cache.tiers), which copy pages to and from it.
-    kv_cache: DeviceKVCache
+    kv_layout: KVLayout  # the shape of the KV pages (this rank's shard of them)
+    # The KV tiers below the runner's pages (cache.tiers; a connector that does nothing with gpu), for the engine's
+    # page manager: the runner owns the device KV memory they copy to and from.
+    connector: TierConnector
     # Most sequences one launch_decode takes; 0: the runner does not launch decode steps itself.
     decode_capacity: int
     # After execute(): the greedy token of each returned logits row when the runner computed it on the
@@ -42,4 +45,8 @@ class Runner(Protocol):
     def launch_decode(self, batch: DecodeBatch, after: PendingTokens | None) -> PendingTokens:
         """Stage and launch one greedy decode step (len(batch) <= decode_capacity) and return at once.
         `after`: the previous launch, whose device-side tokens rows with sources >= 0 read."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the runner started (its tiers' threads, worker processes); idempotent."""
         ...

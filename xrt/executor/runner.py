@@ -7,6 +7,7 @@ where a step fits; everything else runs eager."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import os
@@ -31,6 +32,7 @@ from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput, as_decode
 from xrt.kernels.settings import pdl_paused
+from xrt.kvcache.connector import NoTierConnector, TierConnector
 from xrt.kvcache.device import DeviceKVCache, KVLayout, wait_all
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
@@ -147,6 +149,20 @@ class ModelRunner:
             # After the decode graphs, into the same memory pool.
             self.prefill_graphs = PrefillGraphs(parts, prefill_shapes)
             self.prefill_graphs.capture()
+
+    @functools.cached_property
+    def connector(self) -> TierConnector:
+        """The KV tiers over this runner's KV cache (cache.tiers), built on first use: a tensor-parallel rank 0
+        builds its own over this runner's cache instead (xrt.distributed.driver)."""
+        if self.cfg.cache.tiers is KVTiers.GPU:
+            return NoTierConnector()
+        from xrt.kvstore.factory import build_connector  # the tiers (and NIXL) load only with cache.tiers set
+
+        return build_connector(self.cfg, self.kv_cache, self.checkpoint_dir)
+
+    def close(self) -> None:
+        if "connector" in self.__dict__:
+            self.connector.close()
 
     # -- eager ------------------------------------------------------------------------------------
 

@@ -6,33 +6,36 @@ and gives its pages back with `free`. Pages live in a `PagePool` (ref counts, pi
 free list in eviction order); every admitted sequence also has a row in `page_tables`, the
 [rows, pages] int32 array a decode launch gathers its page tables from.
 
-Where KV tiers attach (`xrt/kvstore/tiered.py` does this; the shape of vLLM's offloading manager: lookup /
-prepare_load / complete_load / prepare_store / complete_store), with no change to the scheduler:
-- store: `add_commit_listener` reports newly full, computed pages with their keys and token range;
-  the tier pins what it copies (`pin`) and unpins when the copy is done.
-- load: a tiered manager extends `lookup` to continue the key chain in L1, then L2 (a hit whose
-  num_tokens reaches past its GPU `pages`) and `allocate` to fill the fresh pages after hit.pages
-  from the tier, pinned while the load runs, ordered before the next forward pass. The scheduler
-  already admits by hit.num_tokens, counts only hit.pages as shared and prefills the rest.
+KV tiers below the GPU pages attach as one `TierConnector` (connector.py), composed here: `lookup` continues
+the GPU hit with `connector.match`, `allocate` tells `on_alloc` (which fills the fresh pages past the GPU part),
+`commit` tells `on_commit`, `free` tells `on_free` first. The scheduler is the same with or without tiers: it
+admits by hit.num_tokens, counts only hit.pages as shared and prefills from num_computed_tokens. The engine
+tells the connector where a step stands (`step_started`, `step_launched`, `step_read_back`) through here too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from xrt.kvcache.connector import NoTierConnector, TierConnector, TierCounters
 from xrt.kvcache.interface import NO_HIT, CommitListener, CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.page_tables import PageTables
 from xrt.kvcache.pool import PagePool
 
 
 class KVCacheManager:
-    def __init__(self, num_pages: int, page_size: int, prefix_caching: bool) -> None:
+    def __init__(self, num_pages: int, page_size: int, prefix_caching: bool,
+                 connector: TierConnector | None = None) -> None:
         self.pool = PagePool(num_pages, page_size)
         self.num_pages = num_pages
         self.page_size = page_size
         self.prefix_caching = prefix_caching
         self.tables = PageTables()
         self._listeners: list[CommitListener] = []
+        self.connector: TierConnector = connector if connector is not None else NoTierConnector()
+        self.connector.bind(self)
+        if not isinstance(self.connector, NoTierConnector):
+            self._listeners.append(self.connector.on_commit)
 
     @property
     def num_free_pages(self) -> int:
@@ -54,8 +57,12 @@ class KVCacheManager:
         self._listeners.append(listener)
 
     def lookup(self, token_ids: list[int]) -> PrefixHit:
-        """The longest cached prefix of token_ids, leaving at least the last token to recompute so
-        the sequence gets logits."""
+        """The longest cached prefix of token_ids (the GPU prefix cache's, continued by the tiers), leaving at
+        least the last token to recompute so the sequence gets logits. No side effects."""
+        return self.connector.match(token_ids, self.gpu_match(token_ids))
+
+    def gpu_match(self, token_ids: list[int]) -> PrefixHit:
+        """The GPU prefix cache's part of `lookup`."""
         if not self.prefix_caching:
             return NO_HIT
         pages, hashes = self.pool.match(token_ids, (len(token_ids) - 1) // self.page_size)
@@ -85,6 +92,7 @@ class KVCacheManager:
         seq.num_cached_tokens = hit.num_tokens
         seq.cached_tokens = {"gpu": hit.num_tokens}
         seq.num_computed_tokens = hit.num_tokens
+        self.connector.on_alloc(seq, hit)
 
     def needs_page(self, seq: KVSeq) -> bool:
         """Whether seq's next decode step opens a page (its tokens, those in flight included, fill its pages)."""
@@ -119,6 +127,7 @@ class KVCacheManager:
                 listener(event)
 
     def free(self, seq: KVSeq) -> None:
+        self.connector.on_free(seq)  # no tier copy into these pages may start once they are back in the pool
         # Tail pages first, so the end of a prefix is evicted before its start.
         self.pool.release(reversed(seq.page_table))
         self.tables.release(seq)
@@ -137,6 +146,26 @@ class KVCacheManager:
         """Forget the prefix-cache keys of up to max_pages keyed free pages (None: all), next to be
         reused first; returns those pages. Pages in use or pinned keep theirs."""
         return self.pool.evict(max_pages)
+
+    # -- where the engine's step stands, for the connector (free without tiers)
+
+    def step_started(self, is_prefill: bool) -> None:
+        self.connector.step_started(is_prefill)
+
+    def step_launched(self, is_prefill: bool, num_tokens: int) -> None:
+        self.connector.step_launched(is_prefill, num_tokens)
+
+    def step_read_back(self) -> None:
+        self.connector.step_read_back()
+
+    def prefetch(self, token_ids: list[int]) -> None:
+        self.connector.prefetch(token_ids)
+
+    def tier_stats(self) -> TierCounters | None:
+        return self.connector.report()
+
+    def close(self) -> None:
+        self.connector.close()
 
     @property
     def cached(self) -> dict[bytes, int]:

@@ -1,5 +1,5 @@
-"""The tiers from the config: `cache.chunk_tokens`, `cache.l1`, `cache.l2`, and the key namespace from the model
-the runner loaded. The engine calls these once it knows the KV layout (after the runner is built)."""
+"""The tiers' parts from the config: `cache.chunk_tokens`, `cache.l1`, `cache.l2`, and the key namespace from the
+model the runner loaded (factory.py puts them together once the runner knows its KV layout)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import os
 
 import attrs
 
-from xrt.config import KVTiers, XrtConfig
+from xrt.config import XrtConfig
 from xrt.kvcache.device import DeviceKVCache, KVArrivals, KVLayout
 from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
-from xrt.kvstore.peers import TierPeers
-from xrt.kvstore.tiered import TieredKVCacheManager
 from xrt.models.checkpoint import cache_dir
 from xrt.units import GB
 
@@ -51,19 +49,6 @@ def l2_root(cfg: XrtConfig) -> str:
 
 def build_l2(cfg: XrtConfig, namespace: KeyNamespace, l1: L1Cache) -> L2Store:
     return L2Store(cfg.cache.l2, l2_root(cfg), namespace.hex(), l1)
-
-
-def build_tiered(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None,
-                 peers: TierPeers | None = None) -> TieredKVCacheManager:
-    """The KV manager for cache.tiers=l1 / l1_l2 over the runner's device KV cache: rank 0's with parallel.tp
-    > 1 (its namespace is tp_rank 0's; `peers` reaches the other ranks' shards, shard.py)."""
-    kv = kv_cache.layout
-    layout = chunk_layout(cfg, kv)
-    namespace = key_namespace(cfg, kv, checkpoint_dir, 0, cfg.parallel.tp)
-    l1 = build_l1(cfg, layout)
-    l2 = build_l2(cfg, namespace, l1) if cfg.cache.tiers is KVTiers.L1_L2 else None
-    return TieredKVCacheManager(kv_cache.num_pages, kv.page_size, build_copier(cfg, kv_cache, kv_cache.arrivals),
-                                layout, namespace, l1, l2, cfg.cache, peers)
 
 
 def build_copier(cfg: XrtConfig, kv_cache: DeviceKVCache, arrivals: KVArrivals | None = None) -> ChunkCopier:

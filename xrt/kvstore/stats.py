@@ -65,6 +65,7 @@ class TierStats:
     prefetch_wait_s: float = 0.0
     prefetch_errors: int = 0
     l2_direct_io: int = 0
+    store_queue_now: int = 0  # the L2 writer's queue when the counters were last reported (not a count)
     other_ranks: dict[str, float] | None = None
 
     def counters(self) -> list[float]:
@@ -95,10 +96,11 @@ class TierStats:
             out[f"other_ranks_{name}"] = value
         return out
 
-    def summary(self, queue_depth: int = 0) -> str:
+    def summary(self, queue_depth: int | None = None) -> str:
         """Two lines for `xrt run`: where prefixes came from, and what moved between the tiers (a third with the
         other tensor-parallel ranks' counters, once a flush brought them)."""
         hits = ", ".join(f"{t} {n}" for t, n in self.hit_tokens.items())
+        queue_depth = self.store_queue_now if queue_depth is None else queue_depth
 
         def moved(t: str) -> str:
             bw = self.bandwidth(t)

@@ -122,15 +122,25 @@ class L2Writer:
         self.stats.stored_bytes_l2 += len(stored) * self.l2.chunk_bytes
         self.stats.store_s_l2 += time.perf_counter() - start
 
-    def flush(self) -> None:
-        """Wait until every queued chunk is written (or refused)."""
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued chunk is written (or refused), at most timeout_s (None: no limit); False when
+        the queue was not through by then (logged: a writer stuck or far behind never hangs its caller)."""
         self.ensure_running()
-        self.queue.join()
+        with self.queue.all_tasks_done:
+            done = self.queue.all_tasks_done.wait_for(lambda: not self.queue.unfinished_tasks, timeout_s)
+        if not done:
+            log.error("L2 writer: %d chunks still queued after %.0f s; not waiting longer (they stay L1-only)",
+                      self.queue.unfinished_tasks, timeout_s)
+        return done
 
-    def close(self) -> None:
-        self.flush()
+    def close(self, timeout_s: float | None = None) -> None:
+        """flush (at most timeout_s), then stop the thread (a daemon: one still stuck after that is left behind)."""
+        done = self.flush(timeout_s)
         self._stopping = True
-        self.queue.put(None)
+        try:
+            self.queue.put(None, timeout=timeout_s if done else 0.01)
+        except queue.Full:
+            return
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s if done else 0.01)
             self._thread = None

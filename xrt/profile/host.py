@@ -21,6 +21,8 @@ from xrt.bench.markdown import md_table
 from xrt.config import Device, SamplingArgs, XrtConfig
 from xrt.engine.engine import LLMEngine
 from xrt.executor.step import DecodeBatch, StepInput
+from xrt.kvcache.connector import NoTierConnector
+from xrt.kvcache.device import KVLayout
 from xrt.profile.runner_parts import HostStaging, stage_decode_seconds
 from xrt.profile.setup import Emit, header
 
@@ -45,6 +47,11 @@ class InstantRunner:
         self.last_argmax: torch.Tensor | None = None
         self.logits = torch.randn(MAX_LAUNCH * 8, VOCAB, generator=torch.Generator().manual_seed(0))
         self.last_decode: StepInput | None = None
+        self.kv_layout = KVLayout(1, page_size, 1, 1, torch.float32)
+        self.connector = NoTierConnector()
+
+    def close(self) -> None:
+        pass
 
     def execute(self, step: StepInput) -> torch.Tensor:
         if not step.is_prefill:
