@@ -1,4 +1,6 @@
-"""`apply_options`: the schema's behaviour switches reach the kernels and layers (no environment variables)."""
+"""The schema's behaviour switches reach the layers and kernels as arguments, never process-wide state:
+`LayerOptions.of(cfg.executor)` is built per runner and handed to the model, each layer keeps its values and
+decides PDL per launch (with the forward pass's `ForwardContext.pdl`), the kernels take that decision."""
 
 from __future__ import annotations
 
@@ -9,46 +11,58 @@ import pytest
 import torch
 from op_log import XrtOpLog
 
-from xrt.config import ExecutorArgs, LogLevel, XrtConfig
-from xrt.executor.options import apply_options
-from xrt.kernels import settings as kernel_settings
-from xrt.layers import linear as linear_layers
+from xrt.attention.context import forward_context
+from xrt.config import ExecutorArgs, LogLevel
+from xrt.layers.embedding import ParallelLMHead
+from xrt.layers.linear import RowParallelLinear, _Linear
+from xrt.layers.norm import RMSNorm
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
 
 
 @pytest.fixture(autouse=True)
-def restore_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's apply_options is undone afterwards (the switches are process-wide)."""
-    monkeypatch.setattr(kernel_settings, "pdl_max_rows", kernel_settings.pdl_max_rows)
-    monkeypatch.setattr(linear_layers, "SKINNY_ROWS", linear_layers.SKINNY_ROWS)
+def restore_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
     xrt_logger = logging.getLogger("xrt")
     monkeypatch.setattr(xrt_logger, "level", xrt_logger.level)
 
 
-def configured(**executor: object) -> XrtConfig:
-    return XrtConfig(executor=ExecutorArgs(**executor))
-
-
 def test_defaults_are_the_measured_values() -> None:
-    apply_options(XrtConfig())
-    assert kernel_settings.pdl_max_rows == 16
-    assert linear_layers.SKINNY_ROWS == 8
+    assert DEFAULT_OPTIONS == LayerOptions(skinny_rows=8, pdl_max_rows=16)
+    assert LayerOptions.of(ExecutorArgs(pdl_max_rows=32, skinny_gemm_max_rows=4)) == LayerOptions(4, 32)
+    assert LayerOptions.of(ExecutorArgs(pdl=False, pdl_max_rows=32)).pdl_max_rows == -1
+    with pytest.raises(AttributeError):
+        DEFAULT_OPTIONS.skinny_rows = 2  # type: ignore[misc]  (frozen: nothing rebinds it at run time)
 
 
-def test_pdl_follows_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernels_launch_with_pdl_where_asked_and_the_device_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     launch = pytest.importorskip("xrt.kernels.launch")
-    # As on a Hopper GPU: the hardware and Triton support PDL, so only the config decides.
+    # As on a Hopper GPU: the hardware and Triton support PDL, so only the caller decides.
     monkeypatch.setattr(launch, "_pdl_on", lambda index: True)
     on_cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
-    apply_options(XrtConfig())
-    assert launch.pdl(on_cuda, 1) and launch.pdl(on_cuda, 16) and not launch.pdl(on_cuda, 17)
-    apply_options(configured(pdl_max_rows=32))
-    assert launch.pdl(on_cuda, 17) and launch.pdl(on_cuda, 32) and not launch.pdl(on_cuda, 33)
-    apply_options(configured(pdl=False))
-    assert not launch.pdl(on_cuda, 1) and not launch.pdl(on_cuda, 0)
-    # a later config turns it back on: nothing cached the old setting
-    apply_options(XrtConfig())
-    assert launch.pdl(on_cuda, 1)
-    assert not launch.pdl(torch.zeros(1), 1)  # never on the CPU
+    assert launch.pdl(on_cuda, 100, True) and not launch.pdl(on_cuda, 1, False)
+    # None (a direct call: benchmarks, tests): the rows the default executor.pdl_max_rows gives
+    assert launch.DEFAULT_PDL_MAX_ROWS == ExecutorArgs().pdl_max_rows
+    assert launch.pdl(on_cuda, 16, None) and not launch.pdl(on_cuda, 17, None)
+    assert not launch.pdl(torch.zeros(1), 1, True)  # never on the CPU
+
+
+def test_layers_ask_for_pdl_by_rows_and_forward_pass() -> None:
+    assert uses_pdl(16, 16) and not uses_pdl(17, 16) and not uses_pdl(0, -1)
+    with forward_context(None, None, pdl=False):  # type: ignore[arg-type]  (the layers read only pdl here)
+        assert not uses_pdl(1, 16)
+    with forward_context(None, None):  # type: ignore[arg-type]
+        assert uses_pdl(1, 16)
+    assert uses_pdl(1, 16)  # outside a forward pass: by rows alone
+
+    norms = {rows: RMSNorm(8, 1e-6, torch.float32, "cpu", LayerOptions(8, rows)) for rows in (-1, 4, 16)}
+    log = XrtOpLog()
+    x = torch.randn(4, 8)
+    with log:
+        for norm in norms.values():
+            norm(x)
+            norm.add_forward(x.clone(), x.clone())
+        with forward_context(None, None, pdl=False):  # type: ignore[arg-type]
+            norms[16](x)
+    assert [args[-1] for args in log.args] == [False, False, True, True, True, True, False]
 
 
 class _LooksCuda(torch.Tensor):
@@ -59,31 +73,44 @@ class _LooksCuda(torch.Tensor):
         return True
 
 
-def test_skinny_rows_route_the_lm_head(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ParallelLMHead reads the configured row limit (not a copy taken at import)."""
-    from xrt.layers import embedding
-
-    head = embedding.ParallelLMHead(16, 8, torch.float32, "cpu")
+def test_each_layer_routes_by_its_own_options() -> None:
+    """Two LM heads with their own skinny_rows and pdl_max_rows, called alternately: each keeps its own."""
+    heads = [ParallelLMHead(16, 8, torch.float32, "cpu", options=LayerOptions(skinny_rows=s, pdl_max_rows=p))
+             for s, p in ((8, 16), (4, 2))]
     hidden = torch.zeros(6, 8).as_subclass(_LooksCuda)
     log = XrtOpLog()
     with log:
-        apply_options(XrtConfig())
-        head.compute_logits(hidden)
-        apply_options(configured(skinny_gemm_max_rows=4))
-        head.compute_logits(hidden)
-    assert [args[0].shape[0] for name, args in zip(log.calls, log.args, strict=True) if name == "linear"] == [6]
+        for head in heads + heads:
+            head.compute_logits(hidden)
+        heads[0].compute_logits(hidden[:3])
+        heads[1].compute_logits(hidden[:3])
+        heads[0].compute_logits(hidden[:3], pdl=False)  # the forward pass waited on KV loads
+    linear = [(args[0].shape[0], args[2]) for name, args in zip(log.calls, log.args, strict=True) if name == "linear"]
+    assert linear == [(6, True), (6, True), (3, True), (3, False), (3, False)]
+
+    row = RowParallelLinear(8, 4, torch.float32, "cpu", options=LayerOptions(skinny_rows=2, pdl_max_rows=1))
+    assert (row.skinny_rows, row.pdl_max_rows) == (2, 1)
+    log = XrtOpLog()
+    with log:
+        row(torch.zeros(1, 8).as_subclass(_LooksCuda))
+        row(torch.zeros(3, 8).as_subclass(_LooksCuda))
+    assert [(args[0].shape[0], args[2]) for args in log.args] == [(1, True)]
 
 
-def test_log_level_is_applied() -> None:
-    apply_options(XrtConfig(log_level=LogLevel.WARNING))
-    assert logging.getLogger("xrt.executor.runner").getEffectiveLevel() == logging.WARNING
-    apply_options(XrtConfig(log_level=LogLevel.DEBUG))
-    assert logging.getLogger("xrt.executor.runner").isEnabledFor(logging.DEBUG)
-
-
-def test_the_runner_applies_the_options() -> None:
+def test_the_runner_builds_its_model_with_its_options() -> None:
     from xrt.config.compose import load_config
     from xrt.executor.runner import ModelRunner
+    from xrt.ops.parallel_state import SINGLE
 
-    ModelRunner(load_config(["device=cpu", "executor.skinny_gemm_max_rows=2", "executor.pdl=false"]))
-    assert (linear_layers.SKINNY_ROWS, kernel_settings.pdl_max_rows) == (2, -1)
+    runner = ModelRunner(load_config(["device=cpu", "executor.skinny_gemm_max_rows=2", "executor.pdl=false",
+                                      "log_level=warning"]))
+    assert runner.options == LayerOptions(skinny_rows=2, pdl_max_rows=-1) and runner.tp_state is SINGLE
+    linears = [m for m in runner.model.modules() if isinstance(m, _Linear)]
+    assert linears and all((m.skinny_rows, m.pdl_max_rows) == (2, -1) for m in linears)
+    assert (runner.model.lm_head.skinny_rows, runner.model.lm_head.pdl_max_rows) == (2, -1)
+    norms = [m for m in runner.model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(m.pdl_max_rows == -1 for m in norms)
+    # log_level too, so that LLM(cfg) from Python honours it as the CLI does
+    assert logging.getLogger("xrt.executor.runner").getEffectiveLevel() == logging.WARNING
+    ModelRunner(load_config(["device=cpu", f"log_level={LogLevel.DEBUG.value}"]))
+    assert logging.getLogger("xrt.executor.runner").isEnabledFor(logging.DEBUG)

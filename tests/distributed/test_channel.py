@@ -24,7 +24,7 @@ from xrt.distributed.groups import close_groups, init_groups, master_store
 from xrt.distributed.wire import Kind, decode_launch, decode_step, encode_launch, encode_step
 from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
 from xrt.ops.collectives import min_over_ranks
-from xrt.ops.parallel_state import SINGLE, set_tp, swap_tp
+from xrt.ops.parallel_state import TPState
 
 PAGE = 4
 TIMEOUT_S = 2.0
@@ -74,15 +74,14 @@ def test_channel_and_collectives_between_two_processes() -> None:
     results = ctx.Queue()
     peer = ctx.Process(target=channel_peer, args=(cfg, store.port, results, TIMEOUT_S), daemon=True)
     peer.start()
-    previous = swap_tp(SINGLE)
     try:
         groups = init_groups(cfg, 0, 0, store)
-        set_tp(0, 2, groups.model, groups.cpu)
-        assert min_over_ranks(7) == 5
+        tp = TPState(0, 2, groups.model, groups.cpu)
+        assert min_over_ranks(7, tp) == 5
         x = torch.full((2, 3), 1.0)
-        torch.ops.xrt.all_reduce_(x)
+        torch.ops.xrt.all_reduce_(x, tp.group_name)
         assert x.tolist() == [[11.0] * 3] * 2
-        gathered = torch.ops.xrt.all_gather(torch.full((2, 1), 0.0), -1)
+        gathered = torch.ops.xrt.all_gather(torch.full((2, 1), 0.0), -1, 2, tp.group_name)
         assert gathered.tolist() == [[0.0, 1.0]] * 2
         channel = StepChannel(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S)))
         for step in steps():
@@ -99,7 +98,6 @@ def test_channel_and_collectives_between_two_processes() -> None:
         timed_out = item  # the peer's next wait, with nothing sent, ran into the timeout
         peer.join(timeout=30)
     finally:
-        swap_tp(previous)
         close_groups()
         if peer.is_alive():
             peer.kill()

@@ -22,10 +22,14 @@ from hf_checkpoint import write_hf_qwen3
 
 from xrt.config import XrtConfig
 from xrt.executor.graphs.capture import RerunCapture, RerunGraph
-from xrt.ops.parallel_state import tp_rank
 
 REPO = Path(__file__).resolve().parents[2]
 TAG_VAR = "XRT_TEST_TAG"  # not read by xrt: inherited by every process a run starts, so the test can find them
+
+
+def this_rank() -> int:
+    """This process's rank: a spawned worker's, or 0 (rank 0, or no tensor-parallel run)."""
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def tiny_config(checkpoint_dir: str, **sections: Any) -> XrtConfig:
@@ -60,7 +64,7 @@ class FailingGraph(RerunGraph):
 
     def replay(self) -> None:
         c = self.capture
-        if tp_rank() == c.rank:
+        if this_rank() == c.rank:
             c.replays += 1
             if c.replays > c.after:
                 raise RuntimeError(f"injected failure at replay {c.replays}")
@@ -86,7 +90,7 @@ class FailingWarmUp(RerunCapture):
         self.rank = rank
 
     def warm_up(self, fn: Callable[[], object]) -> None:
-        if tp_rank() == self.rank:
+        if this_rank() == self.rank:
             raise MemoryError("injected: no room for the decode graphs")
         fn()
 
@@ -98,17 +102,17 @@ def channel_peer(cfg: XrtConfig, port: int, results: multiprocessing.Queue, chan
     from xrt.distributed.groups import check_in, close_groups, init_groups, join_store
     from xrt.distributed.wire import Kind, decode_launch, decode_step
     from xrt.ops.collectives import min_over_ranks
-    from xrt.ops.parallel_state import set_tp
+    from xrt.ops.parallel_state import TPState
 
     store = join_store(cfg, port)
     check_in(store)
     groups = init_groups(cfg, 1, 1, store)
-    set_tp(1, 2, groups.model, groups.cpu)
-    results.put(("min", min_over_ranks(5)))
+    tp = TPState(1, 2, groups.model, groups.cpu)
+    results.put(("min", min_over_ranks(5, tp)))
     x = torch.full((2, 3), 10.0)
-    torch.ops.xrt.all_reduce_(x)
+    torch.ops.xrt.all_reduce_(x, tp.group_name)
     results.put(("all_reduce", x.tolist()))
-    results.put(("all_gather", torch.ops.xrt.all_gather(torch.full((2, 1), 1.0), -1).tolist()))
+    results.put(("all_gather", torch.ops.xrt.all_gather(torch.full((2, 1), 1.0), -1, 2, tp.group_name).tolist()))
     # The channel over a group with a short timeout (the run's timeout_s also bounds the start-up).
     channel = StepChannel(dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=channel_timeout_s)))
     while True:

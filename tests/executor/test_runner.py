@@ -156,7 +156,7 @@ class RaggedRefBackend(TorchRefBackend):
         self.meta = meta
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
-                k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
+                k: torch.Tensor | None = None, v: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
         meta = self.meta
         assert k is not None and v is not None
         assert k.shape == v.shape == (q.shape[0], kv_cache.shape[3], kv_cache.shape[4])

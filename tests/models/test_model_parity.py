@@ -19,7 +19,7 @@ from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
 from xrt.models.loader import CheckpointError
 from xrt.models.qwen3 import Qwen3ForCausalLM
-from xrt.ops.parallel_state import set_tp
+from xrt.ops.parallel_state import SINGLE, TPState
 from xrt.reflect import from_hf
 
 transformers = pytest.importorskip("transformers")
@@ -152,22 +152,19 @@ def test_layers_at_tp2_give_each_rank_its_share() -> None:
     normed, want_residual = norm.add_forward(x.clone(), residual.clone())
     want_proj, want_mlp = proj(normed), mlp(x)
     parts = []
-    try:
-        for rank in range(2):
-            set_tp(rank, 2)
-            proj_r = ColumnParallelLinear(16, 8, torch.float32, "cpu")
-            proj_r.weight_loader(proj_r.weight, proj.weight.data)
-            normed_r, new_residual = norm.add_forward(x.clone(), residual.clone())
-            torch.testing.assert_close(proj_r(normed_r), want_proj[:, 4 * rank : 4 * rank + 4], rtol=1e-6, atol=1e-6)
-            assert torch.equal(new_residual, want_residual)
-            mlp_r = GatedMLP(16, 24, torch.float32, "cpu")
-            for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
-                mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
-            mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
-            with log:
-                parts.append(mlp_r(x))
-    finally:
-        set_tp(0, 1)
+    for rank in range(2):
+        tp = TPState(rank, 2)
+        proj_r = ColumnParallelLinear(16, 8, torch.float32, "cpu", tp)
+        proj_r.weight_loader(proj_r.weight, proj.weight.data)
+        normed_r, new_residual = norm.add_forward(x.clone(), residual.clone())
+        torch.testing.assert_close(proj_r(normed_r), want_proj[:, 4 * rank : 4 * rank + 4], rtol=1e-6, atol=1e-6)
+        assert torch.equal(new_residual, want_residual)
+        mlp_r = GatedMLP(16, 24, torch.float32, "cpu", tp)
+        for shard, rows in enumerate(mlp.gate_up_proj.weight.data.chunk(2)):
+            mlp_r.gate_up_proj.weight_loader(mlp_r.gate_up_proj.weight, rows, shard)
+        mlp_r.down_proj.weight_loader(mlp_r.down_proj.weight, mlp.down_proj.weight.data)
+        with log:
+            parts.append(mlp_r(x))
     reduced = log.skipped
     assert len(reduced) == 2 and all(r is p for r, p in zip(reduced, parts, strict=True))
     torch.testing.assert_close(parts[0] + parts[1], want_mlp, rtol=1e-5, atol=1e-5)
@@ -198,8 +195,8 @@ def untied_tensors(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelArgs,
     return model_args(path), load_file(os.path.join(path, "model.safetensors"))
 
 
-def load(args: ModelArgs, tensors: dict[str, torch.Tensor]) -> Qwen3ForCausalLM:
-    model = Qwen3ForCausalLM(args, torch.float32, "cpu")
+def load(args: ModelArgs, tensors: dict[str, torch.Tensor], tp: TPState = SINGLE) -> Qwen3ForCausalLM:
+    model = Qwen3ForCausalLM(args, torch.float32, "cpu", tp)
     model.load_weights(tensors.items())
     return model
 
@@ -258,23 +255,19 @@ def test_load_weights_slices_for_the_tp_rank(
     def cols(name: str, start: int, n: int) -> torch.Tensor:
         return t[f"model.layers.0.{name}.weight"][:, start * n : (start + 1) * n]
 
-    try:
-        for rank in range(tp):
-            set_tp(rank, tp)
-            model = load(args, t)
-            layer = model.model.layers[0]
-            kv_rank = rank // max(1, tp // 2)
-            qkv = torch.cat([rows("self_attn.q_proj", rank, heads * d), rows("self_attn.k_proj", kv_rank, kv_heads * d),
-                             rows("self_attn.v_proj", kv_rank, kv_heads * d)])
-            assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
-            gate_up = torch.cat([rows("mlp.gate_proj", rank, inter), rows("mlp.up_proj", rank, inter)])
-            assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
-            assert torch.equal(layer.mlp.down_proj.weight, cols("mlp.down_proj", rank, inter))
-            assert torch.equal(layer.self_attn.o_proj.weight, cols("self_attn.o_proj", rank, heads * d))
-            assert torch.equal(model.model.embed_tokens.weight, t["model.embed_tokens.weight"][rank * vocab :][:vocab])
-            assert torch.equal(model.lm_head.weight, t["lm_head.weight"][rank * vocab :][:vocab])
-    finally:
-        set_tp(0, 1)
+    for rank in range(tp):
+        model = load(args, t, TPState(rank, tp))
+        layer = model.model.layers[0]
+        kv_rank = rank // max(1, tp // 2)
+        qkv = torch.cat([rows("self_attn.q_proj", rank, heads * d), rows("self_attn.k_proj", kv_rank, kv_heads * d),
+                         rows("self_attn.v_proj", kv_rank, kv_heads * d)])
+        assert torch.equal(layer.self_attn.qkv_proj.weight, qkv)
+        gate_up = torch.cat([rows("mlp.gate_proj", rank, inter), rows("mlp.up_proj", rank, inter)])
+        assert torch.equal(layer.mlp.gate_up_proj.weight, gate_up)
+        assert torch.equal(layer.mlp.down_proj.weight, cols("mlp.down_proj", rank, inter))
+        assert torch.equal(layer.self_attn.o_proj.weight, cols("self_attn.o_proj", rank, heads * d))
+        assert torch.equal(model.model.embed_tokens.weight, t["model.embed_tokens.weight"][rank * vocab :][:vocab])
+        assert torch.equal(model.lm_head.weight, t["lm_head.weight"][rank * vocab :][:vocab])
 
 
 def test_init_dummy_is_deterministic_with_unit_norms() -> None:

@@ -114,11 +114,12 @@ def test_qk_norm_rope_store_kv_is_qk_norm_rope_then_store_kv() -> None:
 
 
 def test_collectives_are_identity_at_one_rank() -> None:
+    """Without a group (TPState.group_name of one rank: "") and over a group of one."""
     x = torch.randn(3, 5)
     x0 = x.clone()
-    assert all_reduce_(x) is None
+    assert all_reduce_(x, "") is None
     torch.testing.assert_close(x, x0)
-    y = all_gather(x, -1)
+    y = all_gather(x, -1, 1, "")
     torch.testing.assert_close(y, x0)
     assert y.data_ptr() != x.data_ptr()
 
@@ -186,8 +187,12 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
     i32 = torch.int32
     return [
         (torch.ops.xrt.rms_norm.default, (torch.randn(3, 8), torch.rand(8), 1e-6)),
+        (torch.ops.xrt.rms_norm.default, (torch.randn(3, 8), torch.rand(8), 1e-6, True)),
+        (torch.ops.xrt.linear.default, (torch.randn(3, 8), torch.randn(5, 8))),
+        (torch.ops.xrt.linear.default, (torch.randn(3, 8), torch.randn(5, 8), False)),
         (torch.ops.xrt.fused_add_rms_norm.default, (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6)),
         (torch.ops.xrt.silu_and_mul.default, (torch.randn(3, 8),)),
+        (torch.ops.xrt.silu_and_mul.default, (torch.randn(3, 8), True)),
         (
             torch.ops.xrt.qk_norm_rope.default,
             (torch.randn(t, (h + 2 * kv) * d), torch.rand(d), torch.rand(d), cos_sin_cache(16, d),
@@ -208,8 +213,8 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
              torch.tensor([0, 1, 2], dtype=i32), torch.tensor([1, 0], dtype=i32), torch.tensor([3, 2], dtype=i32),
              0.3),
         ),
-        (torch.ops.xrt.all_reduce_.default, (torch.randn(3, 4),)),
-        (torch.ops.xrt.all_gather.default, (torch.randn(3, 4), 1)),
+        (torch.ops.xrt.all_reduce_.default, (torch.randn(3, 4), "")),
+        (torch.ops.xrt.all_gather.default, (torch.randn(3, 4), 1, 1, "")),
     ]
 
 
@@ -225,14 +230,17 @@ def test_reference_functions_are_the_op_impls() -> None:
 
 
 SCHEMAS = {
-    "rms_norm": "xrt::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    "rms_norm": "xrt::rms_norm(Tensor x, Tensor weight, float eps, bool? pdl=None) -> Tensor",
     "fused_add_rms_norm": (
-        "xrt::fused_add_rms_norm(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"
+        "xrt::fused_add_rms_norm(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps, bool? pdl=None) -> ()"
     ),
-    "silu_and_mul": "xrt::silu_and_mul(Tensor x) -> Tensor",
-    "store_kv": "xrt::store_kv(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()",
-    "all_reduce_": "xrt::all_reduce_(Tensor(a0!) x) -> ()",
-    "all_gather": "xrt::all_gather(Tensor x, SymInt dim) -> Tensor",
+    "silu_and_mul": "xrt::silu_and_mul(Tensor x, bool? pdl=None) -> Tensor",
+    "linear": "xrt::linear(Tensor x, Tensor weight, bool? pdl=None) -> Tensor",
+    "store_kv": (
+        "xrt::store_kv(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()"
+    ),
+    "all_reduce_": "xrt::all_reduce_(Tensor(a0!) x, str group_name) -> ()",
+    "all_gather": "xrt::all_gather(Tensor x, SymInt dim, SymInt group_size, str group_name) -> Tensor",
 }
 
 

@@ -33,12 +33,14 @@ class AttentionBackend(Protocol):
         forward pass and outside any CUDA graph capture."""
 
     def forward(self, q: Tensor, kv_cache: Tensor, layer_idx: int, scale: float, k: Tensor | None = None,
-                v: Tensor | None = None) -> Tensor:
+                v: Tensor | None = None, pdl: bool | None = None) -> Tensor:
         """q: [num_tokens, num_heads, head_dim]; kv_cache: this layer's paged cache, already holding this
         step's K/V. Returns [num_tokens, num_heads, head_dim], causal over each sequence's full KV.
         k, v: this step's keys and values [num_tokens, num_kv_heads, head_dim] (the same values the cache
         received, possibly strided views); a backend may attend over them instead of the cache when no
-        sequence has KV from an earlier step, and is free to ignore them."""
+        sequence has KV from an earlier step, and is free to ignore them. pdl: whether xrt's own Triton
+        attention kernel may take part in programmatic dependent launch, as the layer decides
+        (`xrt.layers.options.uses_pdl`; None: the kernel's default); ignored by backends without one."""
 
     # -- CUDA graphs. Capture and replay are prepared alike: the graph manager stages a capture's
     # dummy step like any other (every row well-formed), and the backend prepares it as it prepares a

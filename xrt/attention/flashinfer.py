@@ -288,7 +288,8 @@ class FlashInferBackend:
     # -- forward ----------------------------------------------------------------------------------
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
-                k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
+                k: torch.Tensor | None = None, v: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
+        """pdl: the small-batch Triton decode's (FlashInfer's own kernels use PDL on Hopper+ whatever it says)."""
         kind = self._active_kind
         if not kind:
             raise RuntimeError("FlashInferBackend.forward called before plan()")
@@ -297,7 +298,7 @@ class FlashInferBackend:
             raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
         if kind == "small_decode":
             assert self._small_meta is not None
-            return self._active.run(q, kv_cache, *self._small_meta, scale)
+            return self._active.run(q, kv_cache, *self._small_meta, scale, pdl=pdl)
         if kind == "ragged":
             if k is None or v is None:
                 raise ValueError("ragged prefill needs this step's k and v (forward(..., k=, v=))")

@@ -35,8 +35,8 @@ class TorchRefBackend:
         self._ragged_qo = None
 
     def forward(self, q: Tensor, kv_cache: Tensor, layer_idx: int, scale: float, k: Tensor | None = None,
-                v: Tensor | None = None) -> Tensor:
-        """Reads the paged cache (k and v are ignored), except in a prefill graph."""
+                v: Tensor | None = None, pdl: bool | None = None) -> Tensor:
+        """Reads the paged cache (k and v are ignored), except in a prefill graph. No PDL here."""
         if self._ragged_qo is not None:
             if k is None or v is None:
                 raise ValueError("a prefill graph attends over this step's k and v (forward(..., k=, v=))")

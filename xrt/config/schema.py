@@ -188,19 +188,18 @@ class ExecutorArgs:
     pdl: bool = field(
         True,
         help="programmatic dependent launch for xrt's Triton kernels on Hopper+: a kernel starts while the one "
-        "before it drains (H200, 0.6B decode replay: 1118 -> 1003 us at batch 1, bench/results/h200-ee4b1de)",
+        "before it drains, hiding the launch and ramp-up of the short decode kernels (figures: bench/NOTES.md)",
     )
     pdl_max_rows: int = field(
         16,
-        help="largest launch (rows) that uses PDL: with PDL on every launch, batch 100's decode replay took "
-        "4.65-4.71 ms against 4.45-4.48 (bench/results/h200-5b0c7b6, h200-4e548c7); prefill kernels are long "
-        "enough that there is little to hide",
+        help="largest launch (rows) that uses PDL: with PDL on every launch large decode batches replayed slower, "
+        "and prefill kernels are long enough that there is little to hide (figures: bench/NOTES.md)",
         validator=ge(0),
     )
     skinny_gemm_max_rows: int = field(
         8,
         help="CUDA linears of at most this many rows go through xrt::linear, which runs the skinny-GEMM kernel "
-        "where it beat cuBLAS on the H200 (bench/results/h200-microbench/gemv.md); 0: always cuBLAS",
+        "for the shapes where it measured faster than cuBLAS (figures: bench/NOTES.md); 0: always cuBLAS",
         validator=ge(0),
     )
     staging_loop_max_rows: int = field(

@@ -29,7 +29,7 @@ from xrt.executor.runner import ModelRunner
 from xrt.executor.step import DecodeBatch, StepInput
 from xrt.kvcache.connector import NoTierConnector, TierConnector
 from xrt.models.checkpoint import resolve_checkpoint
-from xrt.ops.parallel_state import TPState, swap_tp
+from xrt.ops.parallel_state import TPState
 
 T = TypeVar("T")
 
@@ -45,9 +45,10 @@ class TPRunner:
         self._closer = weakref.finalize(self, self._ranks.close)
         groups = self._ranks.groups
         assert groups is not None
-        self._state = TPState(groups.rank, groups.size, groups.model, groups.cpu)
+        # rank 0's: its model's groups, and the host-side agreements' (KVPeers)
+        self.tp_state = TPState(groups.rank, groups.size, groups.model, groups.cpu)
         try:
-            self._local = self._call(lambda: ModelRunner(cfg, capture))
+            self._local = self._call(lambda: ModelRunner(cfg, capture, self.tp_state))
         except BaseException:
             self.close()
             raise
@@ -126,7 +127,6 @@ class TPRunner:
         ranks = self._ranks
         if ranks.broken or ranks.failure():
             raise WorkerFailed(ranks.failure() or f"tensor-parallel ranks out of step after an error ({ranks.broken})")
-        previous = swap_tp(self._state)
         try:
             return fn()
         except BaseException as e:
@@ -134,5 +134,3 @@ class TPRunner:
             if raised is e:
                 raise
             raise raised from e
-        finally:
-            swap_tp(previous)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 class KVPeers:
     def __init__(self, runner: TPRunner) -> None:
         self._runner = runner
+        self._tp = runner.tp_state  # the agreements' group
         self._last: tuple[tuple[bytes, ...], int] | None = None  # the previous lookup's keys and agreement
 
     def store(self, chunks: Sequence[StoreChunk]) -> None:
@@ -38,7 +39,7 @@ class KVPeers:
         asked = tuple(keys)
         if self._last is not None and self._last[0] == asked:
             return self._last[1]
-        n = self._runner.send_then(Kind.KV_LOOKUP, encode_kv_lookup(keys), lambda: min_over_ranks(len(keys)))
+        n = self._runner.send_then(Kind.KV_LOOKUP, encode_kv_lookup(keys), lambda: min_over_ranks(len(keys), self._tp))
         self._last = (asked, n)
         return n
 
@@ -50,7 +51,7 @@ class KVPeers:
         self._last = None
         # sent first: the other ranks load while rank 0 runs its own load
         return self._runner.send_then(Kind.KV_LOAD, encode_kv_load(chunks, deadline_s),
-                                      lambda: min_over_ranks(local()))
+                                      lambda: min_over_ranks(local(), self._tp))
 
     def flush(self) -> list[float] | None:
         if self._runner.closed:
@@ -58,4 +59,4 @@ class KVPeers:
         # the workers' counters summed, each sent once that rank has flushed: the collective is the barrier too
         # (rank 0 adds zeros: its own are its manager's)
         zeros = [0.0] * len(RANK_COUNTERS)
-        return self._runner.send_then(Kind.KV_FLUSH, None, lambda: sum_over_ranks(zeros))
+        return self._runner.send_then(Kind.KV_FLUSH, None, lambda: sum_over_ranks(zeros, self._tp))

@@ -36,7 +36,7 @@ from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.log import get_logger, set_rank
 from xrt.ops.collectives import min_over_ranks, sum_over_ranks
-from xrt.ops.parallel_state import set_tp
+from xrt.ops.parallel_state import TPState
 
 if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
     from xrt.kvstore.shard import KVShard
@@ -51,6 +51,7 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
     collective rank 0 runs for it (xrt/distributed/kv_peers.py). On SHUTDOWN the shard's L2 writer finishes
     first, so the next run finds this rank's chunks."""
     last: PendingTokens | None = None
+    tp = runner.tp_state  # the host-side agreements' group
     while True:
         kind, payload = channel.recv()
         if kind is Kind.STEP:
@@ -70,19 +71,18 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
         elif kind is Kind.KV_STORE:
             shard.store(decode_kv_store(payload))
         elif kind is Kind.KV_LOOKUP:
-            min_over_ranks(shard.held(decode_kv_lookup(payload)))
+            min_over_ranks(shard.held(decode_kv_lookup(payload)), tp)
         elif kind is Kind.KV_LOAD:
-            min_over_ranks(shard.load(*decode_kv_load(payload)))
+            min_over_ranks(shard.load(*decode_kv_load(payload)), tp)
         elif kind is Kind.KV_PREFETCH:
             shard.prefetch(decode_kv_lookup(payload))
         elif kind is Kind.KV_FLUSH:
             shard.flush()
-            sum_over_ranks(shard.counters())  # also the barrier: rank 0 returns once every rank has flushed
+            sum_over_ranks(shard.counters(), tp)  # also the barrier: rank 0 returns once every rank has flushed
 
 
 def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) -> None:
-    set_tp(groups.rank, groups.size, groups.model, groups.cpu)
-    runner = ModelRunner(cfg, capture)
+    runner = ModelRunner(cfg, capture, TPState(groups.rank, groups.size, groups.model, groups.cpu))
     shard = None
     if cfg.cache.tiers is not KVTiers.GPU:
         from xrt.kvstore.shard import KVShard

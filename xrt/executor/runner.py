@@ -6,7 +6,6 @@ where a step fits; everything else runs eager."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import math
@@ -28,14 +27,14 @@ from xrt.executor.graphs.parts import GraphParts
 from xrt.executor.graphs.prefill import PrefillGraphs, graph_pool_bytes, prefill_reserve, static_bytes
 from xrt.executor.graphs.prefill_inputs import PrefillShapes
 from xrt.executor.interface import PendingTokens
-from xrt.executor.options import apply_options
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput, as_decode
-from xrt.kernels.settings import pdl_paused
 from xrt.kvcache.connector import NoTierConnector, TierConnector
 from xrt.kvcache.device import DeviceKVCache, KVLayout, wait_all
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
+from xrt.layers.options import LayerOptions
+from xrt.log import set_level
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.models.errors import CheckpointError, TensorError
 from xrt.models.hf_config import check_shape_keys
@@ -43,7 +42,7 @@ from xrt.models.loader import file_of, iter_weights, read_hf_config
 from xrt.models.qwen3 import Qwen3ForCausalLM
 from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_class
 from xrt.ops.collectives import min_over_ranks
-from xrt.ops.parallel_state import init_tp
+from xrt.ops.parallel_state import TPState, init_tp
 from xrt.reflect import hf_values
 
 KVReady = tuple[torch.cuda.Event | None, ...]  # per layer (xrt.kvcache.device.KVArrivals.take)
@@ -51,9 +50,12 @@ KVReady = tuple[torch.cuda.Event | None, ...]  # per layer (xrt.kvcache.device.K
 
 class ModelRunner:
     """capture: how graphs are taken with executor=cudagraph; None takes CUDA graphs, which need a CUDA
-    device. The CPU tests pass `RerunCapture()` to run the graph managers on CPU."""
+    device. The CPU tests pass `RerunCapture()` to run the graph managers on CPU. tp: this rank's tensor-parallel
+    state, which `xrt.distributed` builds for each of its ranks (None: one rank at parallel.tp=1, else the default
+    torch.distributed group's). The model is built with it and with `LayerOptions.of(cfg.executor)`, both kept
+    here (`tp_state`, `options`): nothing of this runner's is process-wide."""
 
-    def __init__(self, cfg: XrtConfig, capture: CaptureStrategy | None = None) -> None:
+    def __init__(self, cfg: XrtConfig, capture: CaptureStrategy | None = None, tp: TPState | None = None) -> None:
         graphs = cfg.executor.kind is ExecutorKind.CUDAGRAPH
         if graphs and capture is None and (cfg.device is Device.CPU or not torch.cuda.is_available()):
             raise ValueError("executor.kind: cudagraph needs a CUDA device")
@@ -62,8 +64,9 @@ class ModelRunner:
         importlib.import_module("torch._dynamo")
 
         self.cfg = cfg
-        apply_options(cfg)
-        init_tp(cfg.parallel.tp)
+        set_level(cfg.log_level.value)  # so that LLM(cfg) from Python honours log_level, as the CLI does
+        self.tp_state = init_tp(cfg.parallel.tp, tp)
+        self.options = LayerOptions.of(cfg.executor)
         self.device = resolve_device(cfg)
         self.dtype = resolve_dtype(cfg, self.device)
         self.page_size = cfg.cache.page_size
@@ -95,7 +98,7 @@ class ModelRunner:
         prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
         reserve = (lambda: self._prefill_reserve(prefill_shapes)) if prefill_shapes else None
         # Every rank sizes its own cache (its free memory); all ranks hold the same page tables, so the smallest.
-        self.num_pages = min_over_ranks(num_pages(cfg, self, reserve))
+        self.num_pages = min_over_ranks(num_pages(cfg, self, reserve), self.tp_state)
         try:
             self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
         except (torch.OutOfMemoryError, RuntimeError) as e:
@@ -118,7 +121,7 @@ class ModelRunner:
             hf_config = read_hf_config(self.checkpoint_dir)
             check_matches_checkpoint(self.cfg.model, hf_config, self.checkpoint_dir)
             arch = architecture_of(hf_config)
-        model = model_class(arch)(self.cfg.model, self.dtype, self.device)
+        model = model_class(arch)(self.cfg.model, self.dtype, self.device, tp=self.tp_state, options=self.options)
         if self.checkpoint_dir is None:
             model.init_dummy(self.cfg.seed)
             return model.eval()
@@ -170,14 +173,15 @@ class ModelRunner:
         return build_metadata(step, self.page_size, self.device)
 
     def forward_hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata,
-                       kv_ready: KVReady | None = None) -> torch.Tensor:
+                       kv_ready: KVReady | None = None, pdl: bool = True) -> torch.Tensor:
         """The model's forward pass in this step's forward context (the backend already planned); kv_ready: per
-        layer, copies into its KV pages to wait for before it attends (KVArrivals.take)."""
-        with forward_context(meta, self.backend, kv_ready):
+        layer, copies into its KV pages to wait for before it attends (KVArrivals.take); pdl: whether its
+        launches may use PDL (ForwardContext.pdl)."""
+        with forward_context(meta, self.backend, kv_ready, pdl):
             return self.model(input_ids, meta.positions)
 
-    def logits(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model.compute_logits(hidden[meta.logits_indices])
+    def logits(self, hidden: torch.Tensor, meta: AttentionMetadata, pdl: bool = True) -> torch.Tensor:
+        return self.model.compute_logits(hidden[meta.logits_indices], pdl)
 
     def run_model(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                   kv_ready: KVReady | None = None) -> torch.Tensor:
@@ -187,12 +191,14 @@ class ModelRunner:
 
     def execute_eager(self, step: StepInput, loading: bool = False) -> torch.Tensor:
         """execute() without graphs: float32 logits of the chunks with needs_logits. loading: KV loads are
-        pending (KVArrivals), taken after this pass's uploads and waited for layer by layer."""
+        pending (KVArrivals), taken after this pass's uploads and waited for layer by layer, with no PDL launch
+        (ForwardContext.pdl)."""
         input_ids, meta = self.prepare(step)
-        with torch.inference_mode(), pdl_paused() if loading else contextlib.nullcontext():
+        pdl = not loading
+        with torch.inference_mode():
             self.backend.plan(meta)
             kv_ready = self._take_arrivals()  # after the uploads of prepare and plan: see KVArrivals
-            return self.logits(self.forward_hidden(input_ids, meta, kv_ready), meta).float()
+            return self.logits(self.forward_hidden(input_ids, meta, kv_ready, pdl), meta, pdl).float()
 
     def _take_arrivals(self) -> KVReady | None:
         """Copies still running into the KV pages (a tier's load at admission), per layer; None when none."""

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
+from xrt.kernels.launch import pdl_enter, pdl_launch
 
 # Programs wanted per launch when the split count is not fixed: two per SM on a 132-SM H200.
 TARGET_PROGRAMS = 264
@@ -269,11 +270,12 @@ class DecodeAttention:
         kv_last_page_len: torch.Tensor,
         scale: float,
         out: torch.Tensor | None = None,
+        pdl: bool | None = None,
     ) -> torch.Tensor:
         """Attention of q [B, H, D] (one token per sequence, B <= max_batch) over each sequence's pages:
         sequence i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]] and is (pages - 1) * page_size +
         kv_last_page_len[i] tokens long (0 without pages). Only the first B + 1 / B entries of kv_indptr /
-        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given)."""
+        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given). pdl: `launch.pdl`'s wanted."""
         self._check(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, out)
         if out is None:
             out = torch.empty_like(q)
@@ -283,7 +285,7 @@ class DecodeAttention:
         splits = self.splits_for(batch)
         # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
         dot_fp32 = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
-        on = pdl(q, batch)
+        on = launch_pdl(q, batch, pdl)
         _decode_kernel[(splits, self.num_kv_heads, batch)](
             q, kv_cache, out, self.partial_out, self.partial_lse, self.counters,
             kv_indptr, kv_indices, kv_last_page_len,

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
+from xrt.kernels.launch import pdl_enter, pdl_launch
 
 # Programs wanted per launch: about four per SM on a 132-SM H100/H200, enough memory requests in flight.
 _TARGET_PROGRAMS = 512
@@ -343,10 +344,11 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def gemv(
-    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T -> [..., N] in x's dtype (written into `out` when given: [..., N], unit last
-    stride, rows at any stride when x is 2-D)."""
+    stride, rows at any stride when x is 2-D). pdl: `launch.pdl`'s wanted."""
     if w.dim() != 2 or w.stride(1) != 1:
         raise ValueError(f"gemv w: expected [N, K] with unit last stride, got shape {tuple(w.shape)} "
                          f"strides {w.stride()}")
@@ -392,7 +394,7 @@ def gemv(
     # A one-row stride is never read; a fixed value keeps one compiled specialization for every M.
     x_stride = rows.stride(0) if M > 1 else K
     o_stride = out_rows.stride(0) if M > 1 else N
-    on = pdl(x, M)
+    on = launch_pdl(x, M, pdl)
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
         rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride,
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,

@@ -10,8 +10,6 @@ import triton
 import triton.language as tl
 import triton.language.extra.cuda  # noqa: F401  (tl.extra.cuda.gdc_*)
 
-from xrt.kernels import settings
-
 
 @functools.cache
 def block_size(n: int) -> int:
@@ -23,6 +21,11 @@ def block_size(n: int) -> int:
 def num_warps_for(block: int, max_warps: int = 16) -> int:
     # About 8 elements per thread: 16-byte vector accesses for bf16/fp16 without register spills.
     return max(1, min(max_warps, block // 256))
+
+
+# Launches whose caller leaves PDL to the kernel (pdl=None: benchmarks and tests calling a kernel or op directly)
+# use it up to this many rows, as the default executor.pdl_max_rows does for the model's launches.
+DEFAULT_PDL_MAX_ROWS = 16
 
 
 @functools.cache
@@ -39,14 +42,17 @@ def _pdl_on(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def pdl(t: object, rows: int) -> bool:
-    """Whether a launch over `rows` rows of t's device uses programmatic dependent launch (Hopper and later,
-    rows <= executor.pdl_max_rows, none with executor.pdl=false: `xrt.kernels.settings`). A PDL kernel may
-    start while the kernel before it drains (its launch and set-up overlap the tail of the other); it must run
-    `gdc_wait()` before it reads what earlier kernels wrote or writes anything they may still read. Pass
+def pdl(t: object, rows: int, wanted: bool | None) -> bool:
+    """Whether a launch over `rows` rows of t's device uses programmatic dependent launch: where the caller wants
+    it (a layer decides from executor.pdl / pdl_max_rows and its forward pass: `xrt.layers.options.uses_pdl`;
+    None: rows <= DEFAULT_PDL_MAX_ROWS) and the device has it (Hopper and later, not the interpreter). A PDL
+    kernel may start while the kernel before it drains (its launch and set-up overlap the tail of the other); it
+    must run `gdc_wait()` before it reads what earlier kernels wrote or writes anything they may still read. Pass
     `PDL=on, **pdl_launch(on)` to the launch."""
+    if wanted is None:
+        wanted = rows <= DEFAULT_PDL_MAX_ROWS
     device = getattr(t, "device", None)
-    return rows <= settings.pdl_max_rows and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
+    return wanted and device is not None and device.type == "cuda" and _pdl_on(device.index or 0)
 
 
 def pdl_launch(on: bool) -> dict[str, bool]:

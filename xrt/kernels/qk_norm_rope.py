@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
 from xrt.kernels.store_kv import check_kv_cache
 
 # Heads per program: 3 programs per token for Qwen3-0.6B's 16 q + 8 k heads, so a one-token decode
@@ -139,6 +140,7 @@ def _launch(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    pdl: bool | None,
 ) -> None:
     n_tokens = qkv.shape[0]
     if n_tokens == 0:
@@ -151,7 +153,7 @@ def _launch(
     page_size = kv_cache.shape[2] if store else 1
     block_half = block_size(head_dim // 2)
     grid = (n_tokens, triton.cdiv(num_heads + num_kv_heads, HEAD_BLOCK))
-    on = pdl(qkv, n_tokens)
+    on = launch_pdl(qkv, n_tokens, pdl)
     _qk_norm_rope_kernel[grid](
         qkv, q_weight, k_weight, cos_sin_cache, positions, cache, slots,
         qkv.stride(0), cos_sin_cache.stride(0), *c_strides, page_size,
@@ -171,10 +173,12 @@ def qk_norm_rope(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    pdl: bool | None = None,
 ) -> None:
-    """In place on the q and k heads of qkv; v untouched."""
+    """In place on the q and k heads of qkv; v untouched. pdl: `launch.pdl`'s wanted."""
     _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim)
-    _launch(qkv, q_weight, k_weight, cos_sin_cache, positions, None, None, num_heads, num_kv_heads, head_dim, eps)
+    _launch(qkv, q_weight, k_weight, cos_sin_cache, positions, None, None, num_heads, num_kv_heads, head_dim, eps,
+            pdl)
 
 
 def qk_norm_rope_store_kv(
@@ -189,6 +193,7 @@ def qk_norm_rope_store_kv(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    pdl: bool | None = None,
 ) -> None:
     """qk_norm_rope, then store_kv of the rotated k heads and the v heads, in one launch."""
     _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim)
@@ -197,4 +202,4 @@ def qk_norm_rope_store_kv(
         raise ValueError(f"qk_norm_rope_store_kv: slot_mapping must be [{qkv.shape[0]}], "
                          f"got {tuple(slot_mapping.shape)}")
     _launch(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
-            num_heads, num_kv_heads, head_dim, eps)
+            num_heads, num_kv_heads, head_dim, eps, pdl)

@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
 
 
 @triton.jit
@@ -68,8 +69,8 @@ def _check_rows(name: str, t: torch.Tensor, n_cols: int) -> None:
                          f"shape {tuple(t.shape)} strides {t.stride()}")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., N], weight [N] -> new tensor of x's shape and dtype."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None) -> torch.Tensor:
+    """x [..., N], weight [N] -> new tensor of x's shape and dtype. pdl: `launch.pdl`'s wanted."""
     n_cols = weight.shape[0]
     if x.dim() == 0 or x.shape[-1] != n_cols:
         raise ValueError(f"rms_norm: x must end in the weight's size {n_cols}, got shape {tuple(x.shape)}")
@@ -78,7 +79,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0] > 0:
-        block, on = block_size(n_cols), pdl(x, rows.shape[0])
+        block, on = block_size(n_cols), launch_pdl(x, rows.shape[0], pdl)
         _rms_norm_kernel[(rows.shape[0],)](
             rows, out, weight, rows.stride(0), out.stride(0), n_cols, eps, BLOCK=block, PDL=on,
             num_warps=num_warps_for(block), **pdl_launch(on),
@@ -86,7 +87,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None
+) -> None:
     """In place, one launch: residual <- x + residual; x <- rms_norm(residual) * weight."""
     n_cols = weight.shape[0]
     _check_rows("fused_add_rms_norm x", x, n_cols)
@@ -95,7 +98,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
         raise ValueError(f"fused_add_rms_norm: x has {x.shape[0]} rows, residual {residual.shape[0]}")
     if x.shape[0] == 0:
         return
-    block, on = block_size(n_cols), pdl(x, x.shape[0])
+    block, on = block_size(n_cols), launch_pdl(x, x.shape[0], pdl)
     _fused_add_rms_norm_kernel[(x.shape[0],)](
         x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, BLOCK=block, PDL=on,
         num_warps=num_warps_for(block), **pdl_launch(on),

@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
 
 # Columns per program: a few programs per row keep the GPU busy at batch 1 (I = 3072 -> 6 programs).
 _MAX_BLOCK = 512
@@ -35,8 +36,8 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * out_row_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2I] -> new [..., I] in x's dtype."""
+def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """x [..., 2I] -> new [..., I] in x's dtype. pdl: `launch.pdl`'s wanted."""
     if x.dim() == 0 or x.shape[-1] % 2 != 0:
         raise ValueError(f"silu_and_mul: last dimension must be 2 * intermediate (even), got {tuple(x.shape)}")
     n_cols = x.shape[-1] // 2
@@ -47,7 +48,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] > 0 and n_cols > 0:
         block = min(block_size(n_cols), _MAX_BLOCK)
         grid = (rows.shape[0], triton.cdiv(n_cols, block))
-        on = pdl(x, rows.shape[0])
+        on = launch_pdl(x, rows.shape[0], pdl)
         _silu_and_mul_kernel[grid](
             rows, out, rows.stride(0), out.stride(0), n_cols, BLOCK=block, PDL=on,
             num_warps=num_warps_for(block), **pdl_launch(on),

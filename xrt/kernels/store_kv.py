@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.launch import block_size, num_warps_for, pdl, pdl_enter, pdl_launch
+from xrt.kernels.launch import block_size, num_warps_for, pdl_enter, pdl_launch
+from xrt.kernels.launch import pdl as launch_pdl
 
 
 @triton.jit
@@ -51,8 +52,11 @@ def check_kv_cache(kv_cache: torch.Tensor, num_kv_heads: int, head_dim: int) -> 
                          f"stride, got shape {tuple(kv_cache.shape)} strides {kv_cache.stride()}")
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """In place on kv_cache; k and v may be strided views (e.g. slices of the packed qkv)."""
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None
+) -> None:
+    """In place on kv_cache; k and v may be strided views (e.g. slices of the packed qkv). pdl: `launch.pdl`'s
+    wanted."""
     if k.dim() != 3 or k.shape != v.shape or k.stride(2) != 1 or v.stride(2) != 1:
         raise ValueError(f"store_kv: expected k and v [tokens, kv_heads, head_dim] of one shape with unit last "
                          f"stride, got {tuple(k.shape)} {k.stride()} and {tuple(v.shape)} {v.stride()}")
@@ -62,7 +66,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         raise ValueError(f"store_kv: slot_mapping must be [{n_tokens}], got {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
         return
-    block_d, on = block_size(head_dim), pdl(k, n_tokens)
+    block_d, on = block_size(head_dim), launch_pdl(k, n_tokens, pdl)
     _store_kv_kernel[(n_tokens, num_kv_heads)](
         k, v, kv_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),

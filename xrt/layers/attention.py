@@ -10,7 +10,9 @@ from torch import nn
 from xrt.attention.context import get_forward_context
 from xrt.layers.linear import QKVParallelLinear, RowParallelLinear
 from xrt.layers.norm import RMSNorm
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions
 from xrt.layers.rotary import RotaryEmbedding
+from xrt.ops.parallel_state import SINGLE, TPState
 
 
 class PagedAttention(nn.Module):
@@ -55,16 +57,20 @@ class QKNormSelfAttention(nn.Module):
         layer_idx: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        tp: TPState = SINGLE,
+        options: LayerOptions = DEFAULT_OPTIONS,
     ) -> None:
         super().__init__()
-        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, dtype, device)
+        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, dtype, device, tp, options)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         self.eps = eps
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, dtype, device)
-        self.q_norm = RMSNorm(head_dim, eps, dtype, device)
-        self.k_norm = RMSNorm(head_dim, eps, dtype, device)
+        self.pdl_max_rows = options.pdl_max_rows
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, dtype, device, tp, options)
+        # Their weights only: qk_norm_rope_store_kv normalises q and k.
+        self.q_norm = RMSNorm(head_dim, eps, dtype, device, options)
+        self.k_norm = RMSNorm(head_dim, eps, dtype, device, options)
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
@@ -73,14 +79,15 @@ class QKNormSelfAttention(nn.Module):
         t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
+        pdl = t <= self.pdl_max_rows and ctx.pdl  # as `uses_pdl`, with the context at hand
         # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the copy
         # fills was handed to another sequence since (preemption)
         ctx.wait_kv(attn.layer_idx)
         torch.ops.xrt.qk_norm_rope_store_kv(
             qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
-            ctx.meta.slot_mapping, h, kv, d, self.eps,
+            ctx.meta.slot_mapping, h, kv, d, self.eps, pdl,
         )
         # Strided views of the packed, now normalised and rotated, qkv: no copies.
         q, k, v = qkv.view(t, h + 2 * kv, d).split((h, kv, kv), dim=1)
-        out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v)
+        out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v, pdl=pdl)
         return self.o_proj(out.reshape(t, h * d))

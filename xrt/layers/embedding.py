@@ -9,17 +9,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xrt.layers import linear as linear_layers
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions
 from xrt.layers.weights import check_shape, new_param
-from xrt.ops.parallel_state import tp_rank, tp_size
+from xrt.ops.parallel_state import SINGLE, TPState
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype, device: torch.device | str,
+        tp: TPState = SINGLE,
+    ) -> None:
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.tp_rank, self.tp_size, self.group_name = tp.rank, tp.size, tp.group_name
         self.rows_per_rank = -(-num_embeddings // self.tp_size)
         # With more ranks than rows to share, the last ranks hold padding only.
         self.vocab_start = min(self.tp_rank * self.rows_per_rank, num_embeddings)
@@ -38,16 +41,29 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(input_ids, self.weight)
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         y = F.embedding((input_ids - self.vocab_start) * mine, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
-        torch.ops.xrt.all_reduce_(y)
+        torch.ops.xrt.all_reduce_(y, self.group_name)
         return y
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if hidden.is_cuda and hidden.dim() == 2 and hidden.shape[0] <= linear_layers.SKINNY_ROWS:
-            logits = torch.ops.xrt.linear(hidden, self.weight)
+    """The embedding's shards as the output projection; CUDA batches of at most `skinny_rows` rows (LayerOptions)
+    through xrt::linear, as the linear layers."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype, device: torch.device | str,
+        tp: TPState = SINGLE, options: LayerOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        super().__init__(num_embeddings, embedding_dim, dtype, device, tp)
+        self.skinny_rows, self.pdl_max_rows = options.skinny_rows, options.pdl_max_rows
+
+    def compute_logits(self, hidden: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+        """pdl: whether the launch may use PDL at all; the runner passes its forward pass's ForwardContext.pdl
+        (this runs after the pass, outside its context)."""
+        rows = hidden.shape[0]
+        if hidden.is_cuda and hidden.dim() == 2 and rows <= self.skinny_rows:
+            logits = torch.ops.xrt.linear(hidden, self.weight, pdl and rows <= self.pdl_max_rows)
         else:
             logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            logits = torch.ops.xrt.all_gather(logits, -1)[:, : self.num_embeddings]
+            logits = torch.ops.xrt.all_gather(logits, -1, self.tp_size, self.group_name)[:, : self.num_embeddings]
         return logits

@@ -8,24 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
 from xrt.layers.weights import check_shape, divide, new_param
-from xrt.ops.parallel_state import tp_rank, tp_size
-
-# The layers' switches, from cfg.executor through `xrt.executor.options.apply_options` (module attributes: read on
-# every call, as cheap as the constants they were). Why these defaults: ExecutorArgs' field help.
-# executor.skinny_gemm_max_rows: CUDA batches up to this many rows go through xrt::linear, whose implementation
-# picks the skinny-GEMM kernel where it measured faster than cuBLAS (bench/results/h200-microbench/gemv.md).
-SKINNY_ROWS = 8
-
-
-def set_options(skinny_rows: int) -> None:
-    global SKINNY_ROWS
-    SKINNY_ROWS = skinny_rows
+from xrt.ops.parallel_state import SINGLE, TPState
 
 
 class _Linear(nn.Module):
     """y = x @ weight.t() through a cached transposed view: F.linear on a 2-D input runs aten::linear,
-    matmul, t, transpose and as_strided before the same mm, about 5 us of host time per call."""
+    matmul, t, transpose and as_strided before the same mm, about 5 us of host time per call. CUDA inputs of at
+    most `skinny_rows` rows (LayerOptions) go through xrt::linear, which runs the skinny-GEMM kernel for the
+    shapes where it beats cuBLAS. tp: this rank's shard (TPState)."""
 
     weight: nn.Parameter
     _weight_t: torch.Tensor | None = None
@@ -33,11 +25,15 @@ class _Linear(nn.Module):
     # 1 input (row-parallel).
     split_dim: int
 
-    def __init__(self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, dtype: torch.dtype, device: torch.device | str,
+        tp: TPState = SINGLE, options: LayerOptions = DEFAULT_OPTIONS,
+    ) -> None:
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
-        self.tp_rank, self.tp_size = tp_rank(), tp_size()
+        self.tp_rank, self.tp_size, self.group_name = tp.rank, tp.size, tp.group_name
+        self.skinny_rows, self.pdl_max_rows = options.skinny_rows, options.pdl_max_rows
         shape, what = [output_size, input_size], ("output size", "input size")[self.split_dim]
         shape[self.split_dim] = divide(shape[self.split_dim], self.tp_size, what)
         self.weight = new_param(tuple(shape), dtype, device)
@@ -52,8 +48,8 @@ class _Linear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return F.linear(x, self.weight)
-        if x.is_cuda and x.shape[0] <= SKINNY_ROWS:
-            return torch.ops.xrt.linear(x, self.weight)
+        if x.is_cuda and x.shape[0] <= self.skinny_rows:
+            return torch.ops.xrt.linear(x, self.weight, uses_pdl(x.shape[0], self.pdl_max_rows))
         wt = self._weight_t
         # Re-made if the parameter's storage was replaced (the view would still read the old one).
         if wt is None or wt.data_ptr() != self.weight.data_ptr():
@@ -73,10 +69,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     rows [sum(sizes[:i]), sum(sizes[:i+1])) / tp of this rank's weight."""
 
     def __init__(
-        self, input_size: int, output_sizes: list[int], dtype: torch.dtype, device: torch.device | str
+        self, input_size: int, output_sizes: list[int], dtype: torch.dtype, device: torch.device | str,
+        tp: TPState = SINGLE, options: LayerOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.output_sizes = list(output_sizes)
-        super().__init__(input_size, sum(output_sizes), dtype, device)
+        super().__init__(input_size, sum(output_sizes), dtype, device, tp, options)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
         full = self.output_sizes[shard_id]
@@ -98,18 +95,21 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_kv_heads: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        tp: TPState = SINGLE,
+        options: LayerOptions = DEFAULT_OPTIONS,
     ) -> None:
-        tp = tp_size()
+        ranks = tp.size
         self.head_dim = head_dim
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
-        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
-        if tp >= total_num_kv_heads:
+        self.num_heads = divide(total_num_heads, ranks, "num_attention_heads")
+        if ranks >= total_num_kv_heads:
             self.num_kv_heads = 1
-            divide(tp, total_num_kv_heads, "num_key_value_heads (as divisor)")
+            divide(ranks, total_num_kv_heads, "num_key_value_heads (as divisor)")
         else:
-            self.num_kv_heads = divide(total_num_kv_heads, tp, "num_key_value_heads")
-        super().__init__(hidden_size, (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp, dtype, device)
+            self.num_kv_heads = divide(total_num_kv_heads, ranks, "num_key_value_heads")
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim * ranks
+        super().__init__(hidden_size, output_size, dtype, device, tp, options)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         d = self.head_dim
@@ -134,5 +134,5 @@ class RowParallelLinear(_Linear):
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         # Each rank's partial product over its input slice: the all-reduce sums them.
         if self.tp_size > 1:
-            torch.ops.xrt.all_reduce_(y)
+            torch.ops.xrt.all_reduce_(y, self.group_name)
         return y

@@ -6,15 +6,22 @@ import torch
 from torch import nn
 
 from xrt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
+from xrt.ops.parallel_state import SINGLE, TPState
 
 
 class GatedMLP(nn.Module):
     def __init__(
-        self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, device: torch.device | str
+        self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, device: torch.device | str,
+        tp: TPState = SINGLE, options: LayerOptions = DEFAULT_OPTIONS,
     ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, dtype, device)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device)
+        self.pdl_max_rows = options.pdl_max_rows
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, dtype, device, tp,
+                                                       options)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device, tp, options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        rows = gate_up.numel() // gate_up.shape[-1]
+        return self.down_proj.forward(torch.ops.xrt.silu_and_mul(gate_up, uses_pdl(rows, self.pdl_max_rows)))

@@ -13,9 +13,11 @@ from xrt.layers.attention import QKNormSelfAttention
 from xrt.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from xrt.layers.mlp import GatedMLP
 from xrt.layers.norm import RMSNorm
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions
 from xrt.layers.rotary import RotaryEmbedding
 from xrt.layers.weights import WeightShapeError, default_weight_loader
 from xrt.models.errors import TensorError
+from xrt.ops.parallel_state import SINGLE, TPState
 
 # Checkpoint tensors with no parameter here that are safe to skip (recomputed, not learned).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -23,7 +25,8 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class Qwen3DecoderLayer(nn.Module):
     def __init__(
-        self, args: ModelArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype, device: torch.device
+        self, args: ModelArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype, device: torch.device,
+        tp: TPState = SINGLE, options: LayerOptions = DEFAULT_OPTIONS,
     ) -> None:
         super().__init__()
         self.self_attn = QKNormSelfAttention(
@@ -36,10 +39,12 @@ class Qwen3DecoderLayer(nn.Module):
             layer_idx,
             dtype,
             device,
+            tp,
+            options,
         )
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device)
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device, tp, options)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -57,14 +62,18 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, args: ModelArgs, dtype: torch.dtype, device: torch.device, tp: TPState = SINGLE,
+        options: LayerOptions = DEFAULT_OPTIONS,
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype, device, tp)
         self.rotary_emb = RotaryEmbedding(args.head_dim, args.max_position_embeddings, args.rope_theta, device)
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(args, self.rotary_emb, i, dtype, device) for i in range(args.num_hidden_layers)
+            Qwen3DecoderLayer(args, self.rotary_emb, i, dtype, device, tp, options)
+            for i in range(args.num_hidden_layers)
         )
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -87,21 +96,26 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, args: ModelArgs, dtype: torch.dtype, device: torch.device | str, tp: TPState = SINGLE,
+        options: LayerOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        """tp: this rank's shard (one rank by default); options: what the layers take from cfg.executor."""
         super().__init__()
         device = torch.device(device)
         self.args = args
         self.dtype = dtype
-        self.model = Qwen3Model(args, dtype, device)
-        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, dtype, device)
+        self.model = Qwen3Model(args, dtype, device, tp, options)
+        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, dtype, device, tp, options)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, pdl: bool = True) -> torch.Tensor:
+        """Logits of `hidden`'s rows; pdl: the forward pass's ForwardContext.pdl (this runs outside it)."""
+        return self.lm_head.compute_logits(hidden, pdl)
 
     def checkpoint_names(self) -> dict[str, tuple[str, str | int | None]]:
         """Every HF tensor name this model needs -> (our parameter name, shard id or None), in model order."""

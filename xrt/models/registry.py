@@ -6,7 +6,8 @@ from xrt.models.loader import CheckpointError
 from xrt.models.qwen3 import Qwen3ForCausalLM
 
 DEFAULT_ARCHITECTURE = "Qwen3ForCausalLM"
-# Every model class offers Qwen3ForCausalLM's interface: forward, compute_logits, load_weights, init_dummy.
+# Every model class offers Qwen3ForCausalLM's interface: built as cls(model args, dtype, device, tp=TPState,
+# options=LayerOptions); forward, compute_logits, load_weights, init_dummy.
 MODELS: dict[str, type[Qwen3ForCausalLM]] = {"Qwen3ForCausalLM": Qwen3ForCausalLM}
 
 

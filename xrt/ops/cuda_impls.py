@@ -12,7 +12,8 @@ import torch
 from xrt.ops import reference  # noqa: F401  (declares the ops registered below)
 from xrt.ops.registry import lazy_function, register_device_impl, register_kernels
 
-# Ops whose kernel takes the op's arguments as they are: op name -> kernels module.function.
+# Ops whose kernel takes the op's arguments as they are (`pdl` last, left out where the caller passed the
+# default): op name -> kernels module.function.
 KERNELS = {
     "rms_norm": "rms_norm.rms_norm",
     "fused_add_rms_norm": "rms_norm.fused_add_rms_norm",
@@ -27,11 +28,12 @@ _prefer_gemv = lazy_function("xrt.kernels.gemv", "prefer_gemv")
 _gemv = lazy_function("xrt.kernels.gemv", "gemv")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The skinny GEMM where it measured faster than cuBLAS for x's rows and weight [N, K] (16-bit), else cuBLAS."""
+def linear(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """The skinny GEMM where it measured faster than cuBLAS for x's rows and weight [N, K] (16-bit), else cuBLAS
+    (which takes no part in PDL)."""
     n, k = weight.shape
     if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(x.shape[0], n, k)):
-        return _gemv(x, weight)
+        return _gemv(x, weight, None, None, pdl)
     return torch.mm(x, weight.t())
 
 

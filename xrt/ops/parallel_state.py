@@ -1,8 +1,8 @@
-"""Tensor-parallel rank, size and process groups. It lives at the ops level because the
-collective ops need the group; layers read rank and size from here to shard their weights.
-Default: one rank, no group. `xrt.distributed` sets the state of a tensor-parallel run (`set_tp`) before
-the runner is built and makes it current around each of its calls (`swap_tp`), so a one-rank runner in
-the same process (tests, a second `LLM`) still sees one rank."""
+"""Tensor-parallel rank, size and process groups of one model: a frozen `TPState` that the runner builds
+(`init_tp`) or is handed (`xrt.distributed`: a worker's, rank 0's) and passes to the model at construction. The
+layers keep their rank and size to shard their weights, and pass the model group's name to the collective ops
+(`xrt.ops.collectives`), which resolve it as torch's functional collectives do. Nothing is process-wide: two
+runners in one process (tests, a second `LLM`) each keep their own."""
 
 from __future__ import annotations
 
@@ -15,60 +15,33 @@ import torch.distributed as dist
 class TPState:
     rank: int
     size: int
-    group: dist.ProcessGroup | None  # the model's collectives (NCCL on CUDA, gloo on CPU)
+    group: dist.ProcessGroup | None = None  # the model's collectives (NCCL on CUDA, gloo on CPU)
     # Host-side collectives (agreeing on the KV page count): a gloo group, the model's group when that is gloo.
     cpu_group: dist.ProcessGroup | None = None
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tensor-parallel rank must be in [0, {self.size}), got {self.rank}")
 
-SINGLE = TPState(rank=0, size=1, group=None)
-_STATE = SINGLE
-
-
-def tp_rank() -> int:
-    return _STATE.rank
-
-
-def tp_size() -> int:
-    return _STATE.size
+    @property
+    def group_name(self) -> str:
+        """The model group's name, as the collective ops take it; "" without a group (one rank)."""
+        return self.group.group_name if self.group is not None else ""
 
 
-def tp_group() -> dist.ProcessGroup | None:
-    return _STATE.group
+SINGLE = TPState(rank=0, size=1)
 
 
-def cpu_group() -> dist.ProcessGroup | None:
-    return _STATE.cpu_group
-
-
-def current_tp() -> TPState:
-    return _STATE
-
-
-def swap_tp(state: TPState) -> TPState:
-    """Make `state` current; returns the one it replaces (a tensor-parallel runner restores it after a call)."""
-    global _STATE
-    previous, _STATE = _STATE, state
-    return previous
-
-
-def set_tp(
-    rank: int, size: int, group: dist.ProcessGroup | None = None, cpu: dist.ProcessGroup | None = None
-) -> TPState:
-    if not 0 <= rank < size:
-        raise ValueError(f"tensor-parallel rank must be in [0, {size}), got {rank}")
-    state = TPState(rank=rank, size=size, group=group, cpu_group=cpu)
-    swap_tp(state)
-    return state
-
-
-def init_tp(size: int) -> None:
-    """Single rank for size 1. Otherwise the state `xrt.distributed` set for this run, or, when the caller
-    initialised torch.distributed itself, every rank of its default group as one TP rank."""
+def init_tp(size: int, given: TPState | None = None) -> TPState:
+    """The state of a runner of `size` (parallel.tp) ranks: `given` when the caller has one (xrt.distributed
+    builds it for its ranks), SINGLE for one rank, else, when the caller initialised torch.distributed itself,
+    every rank of its default group as one TP rank."""
+    if given is not None:
+        if given.size != size:
+            raise ValueError(f"parallel.tp: {size} does not match the {given.size} ranks given")
+        return given
     if size == 1:
-        swap_tp(SINGLE)
-        return
-    if _STATE.size == size and _STATE.group is not None:
-        return
+        return SINGLE
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(
             f"parallel.tp: tp={size} needs its ranks started (xrt.distributed.factory.build_runner does, as "
@@ -77,5 +50,6 @@ def init_tp(size: int) -> None:
     world = dist.get_world_size()
     if world != size:
         raise ValueError(f"parallel.tp: must equal the torch.distributed world size {world}, got {size}")
-    gloo = dist.get_backend() == "gloo"
-    set_tp(dist.get_rank(), size, dist.group.WORLD, dist.group.WORLD if gloo else dist.new_group(backend="gloo"))
+    world_group = dist.group.WORLD
+    cpu = world_group if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return TPState(dist.get_rank(), size, world_group, cpu)

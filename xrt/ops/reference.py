@@ -2,7 +2,9 @@
 plain torch, which runs on any device without a faster kernel (`xrt.ops.cuda_impls` registers the CUDA
 kernels by name; they are tested against these functions). In-place functions mutate exactly what their
 schema declares (`Tensor(a!)`). Callers use `torch.ops.xrt.<name>`; the functions here call each other
-directly, never through the dispatcher."""
+directly, never through the dispatcher. `pdl` (ops whose CUDA kernel can take part in programmatic dependent
+launch): whether that launch may, as the calling layer decides (`xrt.layers.options.uses_pdl`); None, for calls
+outside a model, leaves it to the kernel (`xrt.kernels.launch.pdl`). The references ignore it."""
 
 from __future__ import annotations
 
@@ -16,19 +18,21 @@ def _like_first(x: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _rows_by_out_features(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _rows_by_out_features(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-@op("(Tensor x, Tensor weight, float eps) -> Tensor", _like_first)
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+@op("(Tensor x, Tensor weight, float eps, bool? pdl=None) -> Tensor", _like_first)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None) -> torch.Tensor:
     x32 = x.float()
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(x.dtype)
 
 
-@op("(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()")
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+@op("(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps, bool? pdl=None) -> ()")
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None
+) -> None:
     """In place: residual <- x + residual; x <- rms_norm(residual) * weight."""
     # The sum is rounded to the activation dtype before normalising, as an unfused add would be.
     summed = x + residual
@@ -45,7 +49,7 @@ def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 @op(
     "(Tensor(a0!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
-    "SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, float eps) -> ()"
+    "SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, float eps, bool? pdl=None) -> ()"
 )
 def qk_norm_rope(
     qkv: torch.Tensor,
@@ -57,6 +61,7 @@ def qk_norm_rope(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    pdl: bool | None = None,
 ) -> None:
     """In place on the q and k heads of qkv [T, (H + 2 KV) * D]: per-head RMSNorm, then NeoX RoPE
     (cos_sin_cache[pos] = cat(cos, sin), each D/2 wide); v untouched."""
@@ -71,22 +76,24 @@ def qk_norm_rope(
         part.copy_(rotate_neox(normed, cos, sin))
 
 
-@op("(Tensor x, Tensor weight) -> Tensor", _rows_by_out_features)
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+@op("(Tensor x, Tensor weight, bool? pdl=None) -> Tensor", _rows_by_out_features)
+def linear(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """x [M, K] @ weight[N, K]^T -> [M, N] (nn.Linear without bias). On CUDA the skinny-GEMM kernel where it
     beats cuBLAS (`xrt.ops.cuda_impls.linear`)."""
     return torch.mm(x, weight.t())
 
 
-@op("(Tensor x) -> Tensor", lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+@op("(Tensor x, bool? pdl=None) -> Tensor", lambda x, pdl=None: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
+def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     half = x.shape[-1] // 2
     x32 = x.float()
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
 
 
-@op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping) -> ()")
-def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+@op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()")
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None
+) -> None:
     """k/v [T, KV, D] into kv_cache [P, 2, page, KV, D] at slot_mapping[T] (page * page_size + offset);
     slots < 0 are skipped."""
     page_size = kv_cache.shape[2]
@@ -100,7 +107,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
 @op(
     "(Tensor(a0!) qkv, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
     "Tensor(a5!) kv_cache, Tensor slot_mapping, SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, "
-    "float eps) -> ()"
+    "float eps, bool? pdl=None) -> ()"
 )
 def qk_norm_rope_store_kv(
     qkv: torch.Tensor,
@@ -114,6 +121,7 @@ def qk_norm_rope_store_kv(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    pdl: bool | None = None,
 ) -> None:
     """qk_norm_rope, then store_kv of the rotated k heads and the v heads of qkv."""
     qk_norm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)

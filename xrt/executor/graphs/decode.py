@@ -26,7 +26,6 @@ from xrt.executor.graphs.decode_inputs import (
 )
 from xrt.executor.graphs.parts import GraphParts
 from xrt.executor.step import DecodeBatch, StepInput
-from xrt.kernels.settings import pdl_paused
 from xrt.log import get_logger
 from xrt.units import GiB
 
@@ -88,12 +87,14 @@ class DecodeGraphs:
     def _body(self, bucket: int, meta: AttentionMetadata, waits: Waits | None = None) -> torch.Tensor:
         """The captured computation: input ids gathered from the token pool, model forward (each layer first
         waiting on its KV event, with waits), lm_head into the static logits (model dtype), and greedy argmax
-        into the token pool."""
+        into the token pool. With waits no launch uses PDL (ForwardContext.pdl): one behind an event wait would
+        not overlap it."""
         inp = self.inputs
         input_ids = inp.token_pool.index_select(0, inp.sources[:bucket])
-        hidden = self.parts.forward(input_ids, meta, waits)
+        pdl = waits is None
+        hidden = self.parts.forward(input_ids, meta, waits, pdl)
         logits = self.static_logits[:bucket]
-        self.parts.logits_into(hidden, logits, inp.argmax[:bucket])
+        self.parts.logits_into(hidden, logits, inp.argmax[:bucket], pdl)
         return logits
 
     def capture(self, waits: Waits | None = None) -> None:
@@ -113,11 +114,10 @@ class DecodeGraphs:
             )
             waiting_sizes = [b for b in sizes if b <= WAITING_MAX_BATCH] if waits is not None else []
             if waiting_sizes:
-                with pdl_paused():  # a PDL launch behind an event wait would not overlap it (settings.py)
-                    waiting = capture_each(
-                        parts.capture, waiting_sizes, self._prepare_capture,
-                        lambda b: self._body(b, metas[b], waits), "capturing decode CUDA graphs that wait for KV loads",
-                    )
+                waiting = capture_each(
+                    parts.capture, waiting_sizes, self._prepare_capture,
+                    lambda b: self._body(b, metas[b], waits), "capturing decode CUDA graphs that wait for KV loads",
+                )
                 self.waiting = {b: DecodeGraph(graph, logits) for b, (graph, logits) in waiting.items()}
         self.graphs = {b: DecodeGraph(graph, logits) for b, (graph, logits) in captured.items()}
         log.info(

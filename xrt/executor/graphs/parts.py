@@ -23,7 +23,7 @@ class GraphModel(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor, pdl: bool = True) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,14 @@ class GraphParts:
         return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)  # type: ignore[arg-type]
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
-                kv_ready: Sequence[torch.cuda.Event | None] | None = None) -> torch.Tensor:
-        with forward_context(meta, self.backend, kv_ready):
+                kv_ready: Sequence[torch.cuda.Event | None] | None = None, pdl: bool = True) -> torch.Tensor:
+        with forward_context(meta, self.backend, kv_ready, pdl):
             return self.model(input_ids, meta.positions)
 
-    def logits_into(self, hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor) -> None:
-        """lm_head of `hidden` into the static `logits`, and with argmax its greedy tokens into `argmax`."""
-        logits.copy_(self.model.compute_logits(hidden))
+    def logits_into(self, hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor, pdl: bool = True) -> None:
+        """lm_head of `hidden` into the static `logits`, and with argmax its greedy tokens into `argmax`; pdl: the
+        forward pass's (ForwardContext.pdl)."""
+        logits.copy_(self.model.compute_logits(hidden, pdl))
         if self.argmax:
             # Over the model-dtype logits: widening to float32 is exact, so the argmax is the same.
             torch.argmax(logits, dim=-1, out=argmax)
