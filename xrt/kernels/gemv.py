@@ -90,8 +90,8 @@ _MEASURED = {
 
 
 def prefer_gemv(M: int, N: int, K: int) -> bool:
-    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1 (1.1-3.9x);
-    at M = 8 only narrow outputs (o_proj, down: 1.25-1.4x) and lm_head, while cuBLAS won qkv and gate_up."""
+    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1; at M = 8 only
+    narrow outputs (o_proj, down) and lm_head, while cuBLAS won qkv and gate_up (figures: bench/NOTES.md)."""
     if M == 1:
         return True
     return M <= 8 and (N <= 2048 or N >= 65536)

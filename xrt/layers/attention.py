@@ -1,6 +1,6 @@
-"""Self-attention over the paged KV cache. The layer writes this step's K/V into its cache
-(`store_kv`) and calls whichever backend the executor put in the forward context, handing it this
-step's k and v too (a backend may attend over them directly when no sequence has a cached prefix)."""
+"""Self-attention over the paged KV cache. The layer writes this step's K/V into its cache (with the q/k norm and
+RoPE: `qk_norm_rope_store_kv`) and calls whichever backend the executor put in the forward context, handing it
+this step's k and v too (a backend may attend over them directly when no sequence has a cached prefix)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from xrt.ops.parallel_state import SINGLE, TPState
 
 
 class PagedAttention(nn.Module):
-    """Attention core of one layer. `kv_cache` ([num_pages, 2, page_size, num_kv_heads, head_dim])
-    is bound by the executor after it allocates the cache."""
+    """What one layer's attention keeps for the executor: its shape, softmax scale and index, and `kv_cache`
+    ([num_pages, 2, page_size, num_kv_heads, head_dim]), bound by the executor after it allocates the cache
+    (`xrt.kvcache.device.DeviceKVCache`). QKNormSelfAttention writes the cache and calls the backend over it."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int) -> None:
         super().__init__()
@@ -27,19 +28,6 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.kv_cache = torch.empty(0)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KV, D] (may be strided views of a packed qkv) -> [T, H, D]."""
-        ctx = get_forward_context()
-        ctx.wait_kv(self.layer_idx)
-        torch.ops.xrt.store_kv(k, v, self.kv_cache, ctx.meta.slot_mapping)
-        return self.attend(q, k, v)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention over the cache, which already holds this step's K/V (k and v: the same values)."""
-        ctx = get_forward_context()
-        ctx.wait_kv(self.layer_idx)
-        return ctx.backend.forward(q, self.kv_cache, self.layer_idx, self.scale, k, v)
 
 
 class QKNormSelfAttention(nn.Module):
