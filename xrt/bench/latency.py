@@ -41,6 +41,14 @@ def build_engine(cfg: XrtConfig) -> Engine:
     return LLMEngine(cfg)
 
 
+def close_engine(engine: Engine) -> None:
+    """Close the engine (its tiers' threads and L2 queue, its worker processes); the caller then drops its
+    reference and frees the memory (free_memory) before the next engine is built."""
+    close = getattr(engine, "close", None)  # a stand-in engine of the tests may have none
+    if close is not None:
+        close()
+
+
 def free_memory(device: torch.device) -> None:
     """After dropping the engine: free its KV cache and graphs before the next job of a sweep sizes its own."""
     gc.collect()
@@ -125,6 +133,7 @@ def run_latency(
                        peer_tpot_ratio=p["tpot_ms"] / rec["tpot_ms"] if p["tpot_ms"] and rec["tpot_ms"] else None)
         records.append(rec)
         progress(_progress_line(rec))
+    close_engine(engine)
     del engine
     free_memory(device)
     return records

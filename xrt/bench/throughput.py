@@ -10,7 +10,7 @@ from typing import Any
 from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, Progress, check_outputs, drive, submit
 from xrt.bench.environment import adjusted, config_dict, environment
-from xrt.bench.latency import build_engine, free_memory
+from xrt.bench.latency import build_engine, close_engine, free_memory
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config
 from xrt.bench.workload import WARMUP_REP, prompts_of_lengths, random_lengths
@@ -47,6 +47,7 @@ def run_throughput(
     for i in range(b.iters):
         walls.append(_drain(engine, clock, prompts_of_lengths(vocab, in_lens, cfg.seed, i), out_lens))
         progress(f"[bench] throughput run {i + 1}/{b.iters}: {b.num_requests} requests in {walls[-1]:.2f} s")
+    close_engine(engine)
     del engine
     free_memory(device)
     wall = statistics.median(walls)

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from xrt.bench.engine_timing import Engine, Output, Progress, greedy
+from xrt.bench.latency import close_engine as close_engine  # the scenarios close their engines through here
 from xrt.bench.latency import free_memory
 from xrt.bench.setup import BenchError
 from xrt.config import KVTiers, XrtConfig
@@ -73,14 +74,6 @@ def tier_manager(engine: Engine) -> TieredConnector | None:
 def evict_gpu_prefix(engine: Engine) -> None:
     """Forget the GPU prefix cache's keys: the next lookup of a prompt goes to the tiers."""
     engine.scheduler.kv.evict()  # type: ignore[attr-defined]
-
-
-def close_engine(engine: Engine) -> None:
-    """Close the engine (the L2 writer through its queue, its threads stopped); the caller then drops its
-    reference and calls release()."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
 
 
 def release(cfg: XrtConfig) -> None:

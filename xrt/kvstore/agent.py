@@ -170,12 +170,13 @@ class TierAgent:
     def flush(self) -> bool:
         """Every copy, prefetch and queued L2 store done (waiting at most cache.l2.flush_timeout_s for the L2
         writer); False when the writer did not finish in time (its queue is left to it)."""
+        start = time.perf_counter()
         self.start_stores()
         self.start_loads()
-        if self.prefetcher is not None:
-            self.prefetcher.flush()
+        prefetched = self.prefetcher is None or self.prefetcher.flush(self.flush_timeout_s)
         self.reap(wait=True)
-        return self.writer is None or self.writer.flush(self.flush_timeout_s)
+        left = max(0.0, self.flush_timeout_s - (time.perf_counter() - start))
+        return (self.writer is None or self.writer.flush(left)) and prefetched
 
     def close(self) -> None:
         """flush, then stop the threads and the L2 agents; idempotent."""
@@ -184,11 +185,12 @@ class TierAgent:
         self._closed = True
         start = time.perf_counter()
         flushed = self.flush()
+        left = max(0.0, self.flush_timeout_s - (time.perf_counter() - start)) if flushed else 0.0
         if self.prefetcher is not None:
-            self.prefetcher.close()
+            self.prefetcher.close(left)
             self.prefetcher = None
         if self.writer is not None:
-            self.writer.close(max(0.0, self.flush_timeout_s - (time.perf_counter() - start)) if flushed else 0.0)
+            self.writer.close(left)
             self.writer = None
         if self.l2 is not None:
             self.l2.close()

@@ -119,11 +119,17 @@ class Prefetcher:
             if good < len(items):
                 return
 
-    def flush(self) -> None:
-        """Wait until every submitted prefetch is done (tests, benchmarks)."""
-        self.jobs.join()
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted prefetch is done (tests, benchmarks, shutdown), at most timeout_s; False when
+        they were not done by then."""
+        with self.jobs.all_tasks_done:
+            return self.jobs.all_tasks_done.wait_for(lambda: not self.jobs.unfinished_tasks, timeout_s)
 
-    def close(self) -> None:
-        self.flush()
-        self.jobs.put(None)
-        self._thread.join()
+    def close(self, timeout_s: float | None = None) -> None:
+        """flush (at most timeout_s), then stop the thread (a daemon: one still busy after that is left behind)."""
+        done = self.flush(timeout_s)
+        try:
+            self.jobs.put(None, timeout=timeout_s if done else 0.01)
+        except queue.Full:
+            return
+        self._thread.join(None if done else 0.01)  # done: nothing left but the stop item

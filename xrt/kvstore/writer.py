@@ -142,5 +142,5 @@ class L2Writer:
         except queue.Full:
             return
         if self._thread is not None:
-            self._thread.join(timeout_s if done else 0.01)
+            self._thread.join(None if done else 0.01)  # done: nothing left but the stop item
             self._thread = None
