@@ -3,7 +3,7 @@ bytes), and every chunk of a message has the same number of pages (a chunk is wh
 few columns.
 
 KV_STORE:  [n, pages_per_chunk, keys (4 n), pages (n x pages_per_chunk)]
-KV_LOOKUP: [n, keys (4 n)]  (KV_PREFETCH too)
+KV_PREFETCH: [n, keys (4 n)]
 KV_LOAD:   [n, pages_per_chunk, deadline (us per L2 read batch, 0: none), keys (4 n), skips (n),
            pages (n x pages_per_chunk)]"""
 
@@ -48,11 +48,11 @@ def decode_kv_store(p: np.ndarray) -> list[StoreChunk]:
     return list(zip(keys, pages, strict=True))
 
 
-def encode_kv_lookup(keys: Sequence[bytes]) -> np.ndarray:
+def encode_kv_keys(keys: Sequence[bytes]) -> np.ndarray:
     return np.concatenate((np.array([len(keys)], dtype=np.int64), _keys(keys)))
 
 
-def decode_kv_lookup(p: np.ndarray) -> list[bytes]:
+def decode_kv_keys(p: np.ndarray) -> list[bytes]:
     return _unkeys(p[1:], int(p[0]))
 
 

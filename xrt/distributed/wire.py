@@ -24,7 +24,7 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 3  # the run is over: the workers leave their loop
     # KV tiers (kv_wire.py): rank 0's tier operations, mirrored on each rank's own shard (xrt/kvstore/shard.py)
     KV_STORE = 4  # gather these chunks' pages into L1 (and L2)
-    KV_LOOKUP = 5  # how many leading chunks are held: then one all_reduce(MIN)
+    # 5: KV_LOOKUP until rank 0's matches stopped asking the other ranks (a match has no side effect)
     KV_LOAD = 6  # load chunks into pages: then one all_reduce(MIN) of the leading chunks loaded
     KV_FLUSH = 7  # finish the L2 writes queued: then one all_reduce (a barrier) and one of the ranks' counters
     KV_PREFETCH = 8  # a queued request's prefix chunks: read those this rank's L2 holds into its L1 (no collective)

@@ -29,7 +29,7 @@ from xrt.distributed.groups import (
     take_device,
     torchrun_groups,
 )
-from xrt.distributed.kv_wire import decode_kv_load, decode_kv_lookup, decode_kv_store
+from xrt.distributed.kv_wire import decode_kv_keys, decode_kv_load, decode_kv_store
 from xrt.distributed.wire import Kind, decode_launch, decode_step
 from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
@@ -47,7 +47,7 @@ log = get_logger(__name__)
 def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = None) -> None:
     """Run rank 0's steps in its order until SHUTDOWN. A launch with `after` reads the tokens of this rank's
     previous launch, which holds the same tokens as rank 0's (the logits are all-gathered: every rank takes
-    the same argmax). With KV tiers, `shard` does the KV_* messages; a lookup, load or flush ends in the
+    the same argmax). With KV tiers, `shard` does the KV_* messages; a load or flush ends in the
     collective rank 0 runs for it (xrt/distributed/kv_peers.py). On SHUTDOWN the shard's L2 writer finishes
     first, so the next run finds this rank's chunks."""
     last: PendingTokens | None = None
@@ -70,12 +70,10 @@ def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = Non
             raise RuntimeError(f"{kind.name} from rank 0, but this rank has no KV tiers (cache.tiers=gpu)")
         elif kind is Kind.KV_STORE:
             shard.store(decode_kv_store(payload))
-        elif kind is Kind.KV_LOOKUP:
-            min_over_ranks(shard.held(decode_kv_lookup(payload)), tp)
         elif kind is Kind.KV_LOAD:
             min_over_ranks(shard.load(*decode_kv_load(payload)), tp)
         elif kind is Kind.KV_PREFETCH:
-            shard.prefetch(decode_kv_lookup(payload))
+            shard.prefetch(decode_kv_keys(payload))
         elif kind is Kind.KV_FLUSH:
             shard.flush()
             sum_over_ranks(shard.counters(), tp)  # also the barrier: rank 0 returns once every rank has flushed

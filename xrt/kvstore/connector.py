@@ -20,10 +20,10 @@ Never slower than recomputing (policy.py, cache.l2.load_policy=measured): an L2 
 exceeds recomputing its tokens is not started (`skipped_slow`); a long one is read in batches of
 cache.l2.load_batch_mb, each with a deadline of its tokens' recompute time, weighed again after each batch.
 
-Tensor parallel (`peers`; None at tp=1): every rank holds its own shard of each chunk. Rank 0 decides, mirrors
-each store, lookup and load to the other ranks, and cuts a match's tier chunks to the leading run every rank
-holds, a load's to the leading run every rank loaded (one collective each), so the ranks never disagree on what
-is computed."""
+Tensor parallel (`peers`; None at tp=1): every rank holds its own shard of each chunk. Rank 0 decides from what
+its own tiers hold (a match asks no other rank: it has no side effect), mirrors each store and load to the other
+ranks, and cuts a load to the leading run every rank loaded (one collective), so the ranks never disagree on what
+is computed; a chunk another rank lacks costs its recompute (counted as a failed load)."""
 
 from __future__ import annotations
 
@@ -237,8 +237,6 @@ class TieredConnector:
             else:
                 break
         chunks, skipped = self._not_slower_than_recompute(chunks)
-        if chunks and self.peers is not None:
-            chunks = chunks[: self.peers.lookup([key for _, key, _ in chunks])]
         end = (chunks[-1][0] + 1) * ct if chunks else gpu.num_tokens
         if not chunks and not skipped:
             return gpu

@@ -24,10 +24,6 @@ class TierPeers(Protocol):
         holds them already."""
         ...
 
-    def lookup(self, keys: Sequence[bytes]) -> int:
-        """How many leading keys every rank holds in its L1 or L2 (rank 0 holds all of `keys`)."""
-        ...
-
     def prefetch(self, keys: Sequence[bytes]) -> None:
         """Every other rank starts reading, in the background, the leading run of these chunks that its L2 holds
         and its L1 does not (a queued request's prefix; prefetch.py)."""

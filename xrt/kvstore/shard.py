@@ -1,8 +1,8 @@
 """A worker rank's KV tiers (parallel.tp > 1): its own `TierAgent` (agent.py: L1, L2 namespace directory, copier
 over its own runner's KV tensor, L2 writer, prefetcher), from the same config as rank 0's. Rank 0's connector
 decides everything (match, policy, counting); this rank does what rank 0's messages say
-(`xrt.distributed.worker.serve`) and reports how many leading chunks it holds or loaded, which the ranks agree on
-with one collective (peers.py). A load waits for a prefetch in flight at most rank 0's deadline.
+(`xrt.distributed.worker.serve`) and reports how many leading chunks it loaded, which the ranks agree on with one
+collective (peers.py). A load waits for a prefetch in flight at most rank 0's deadline.
 
 Keys: rank 0 sends its own chunk keys; this rank's key is sha256(its namespace digest, rank 0's key). Rank 0's
 key names the whole prefix (keys.py), the digest this rank's shard of it (tp_rank, tp_size), so the files of
@@ -55,18 +55,6 @@ class KVShard:
         self.agent.start_stores()
         self.agent.finished_scatters()  # its timings are rank 0's to measure: drained, so they never pile up
 
-    def held(self, keys: Sequence[bytes]) -> int:
-        """How many leading chunks this rank holds in L1 or L2."""
-        self.agent.reap()
-        mine = [self._key(k) for k in keys]
-        in_l2 = self.l2.holds(mine) if self.l2 is not None else [False] * len(mine)
-        n = 0
-        for key, stored in zip(mine, in_l2, strict=True):
-            if not (stored or self.l1.contains(key)):
-                break
-            n += 1
-        return n
-
     def load(self, chunks: Sequence[LoadChunk], deadline_s: float | None = None) -> int:
         """Each chunk from L1, else L2 (read into an L1 slot and verified), copied into its pages after the skipped
         ones with this rank's next forward pass; stops at the first chunk this rank cannot load, or at an L2 read
@@ -112,7 +100,7 @@ class KVShard:
                 self.l1.release(slot)  # acquired, not copied: a chunk after one this rank could not load
         self.agent.reap()
         if loaded < len(chunks):
-            self.stats.failed_loads += 1  # rank 0 agreed this rank held them (a lookup): gone or bad since
+            self.stats.failed_loads += 1  # rank 0 holds them: this rank lost them (evicted, bad, never stored)
         return loaded
 
     def _written(self, key: bytes, deadline_s: float | None) -> tuple[int, int | None] | None:
