@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import xrt
-from xrt.models.errors import CheckpointError
+from xrt.checkpoint.errors import CheckpointError
 from xrt.models.tensor_checks import check_finite
 from xrt.reflect import ConfigError
 

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from xrt.checkpoint.errors import CheckpointError
+from xrt.checkpoint.hub import checkpoint_dir, checkpoint_name
 from xrt.config import ModelArgs, XrtConfig
+from xrt.config.shape_keys import missing_message, missing_shape_keys
 from xrt.config.verbatim import hydra_parser, literal_overrides
-from xrt.models.errors import CheckpointError
-from xrt.models.hf_config import missing_message, missing_shape_keys
-from xrt.models.hub import checkpoint_dir, checkpoint_name
 from xrt.reflect import ConfigError, Problem, build, find, hf_values, to_dict, walk
 from xrt.reflect.suggest import closest
 from xrt.reflect.types import dict_types, field_types, is_config_class, list_item

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
+from xrt.checkpoint.errors import CheckpointError
+from xrt.checkpoint.hub import checkpoint_dir
 from xrt.config import LoadFormat, ModelArgs
 from xrt.log import get_logger
-from xrt.models.errors import CheckpointError
-from xrt.models.hub import checkpoint_dir
 from xrt.models.tiny import is_tiny_checkpoint, make_tiny_checkpoint, tiny_fingerprint
 
 __all__ = ["CheckpointError", "cache_dir", "resolve_checkpoint", "TINY_NAME", "TINY_SEED"]

@@ -1,12 +1,11 @@
-"""The error a checkpoint the user pointed at raises: missing, unreadable, or one that cannot be right. Torch-free,
-so config composition and the Hub cache lookup raise it without importing torch (`xrt config` stays fast)."""
+"""The errors of loading a checkpoint into a model: `CheckpointError` (defined in xrt.checkpoint, below config and
+models, so config composition raises it too) and `TensorError`, one tensor's problem."""
 
 from __future__ import annotations
 
+from xrt.checkpoint.errors import CheckpointError
 
-class CheckpointError(ValueError):
-    """A checkpoint directory or file a user pointed at is missing, unreadable or inconsistent. One line, naming
-    the file and the tensor or key."""
+__all__ = ["CheckpointError", "TensorError"]
 
 
 class TensorError(CheckpointError):

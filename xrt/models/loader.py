@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import torch
 from safetensors import SafetensorError, safe_open
 
-from xrt.models.errors import CheckpointError
+from xrt.checkpoint.errors import CheckpointError
 from xrt.models.tensor_checks import check_finite, check_floating
 from xrt.progress import Progress
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from xrt.models.errors import CheckpointError
+from xrt.checkpoint.errors import CheckpointError
 
 
 def check_floating(file: str, name: str, tensor: torch.Tensor) -> None:

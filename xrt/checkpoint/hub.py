@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from xrt.models.errors import CheckpointError
+from xrt.checkpoint.errors import CheckpointError
 
 # org/name as the Hub spells repo ids; anything else that does not exist is a missing path.
 HUB_ID = re.compile(r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*")
