@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from xrt.config import CacheArgs, XrtConfig
+from xrt.executor.memory import profile_step
 from xrt.kvcache.device import DeviceKVCache, KVLayout, scratch_kv_cache
-from xrt.kvcache.sizing import KVReserve, leave_reserve, num_pages, profile_step
+from xrt.kvcache.sizing import KVReserve, leave_reserve, num_pages
 
 
 def test_profile_step_splits_the_token_budget_by_max_model_len() -> None:
@@ -53,16 +54,19 @@ def test_device_cache_binds_each_layer_to_its_view() -> None:
 def test_num_pages_from_the_config_and_the_reserve() -> None:
     ls = layers(2)
     layout = KVLayout.of(ls, page_size=4, dtype=torch.float32)
-    runner = types.SimpleNamespace(device=torch.device("cpu"), page_size=4, max_model_len=64, attention_layers=ls,
-                                   kv_layout=layout)
+    cpu = torch.device("cpu")
     per_page = layout.bytes_per_page  # 2 layers x K,V x 4 tokens x 2 heads x 8 x 4 B = 1024 B
-    assert num_pages(XrtConfig(cache=CacheArgs(page_size=4, num_pages=7)), runner) == 7
+
+    def unmeasured() -> int:  # on CPU the size is the config's: nothing is measured
+        raise AssertionError("measured a peak on CPU")
+
+    assert num_pages(XrtConfig(cache=CacheArgs(page_size=4, num_pages=7)), per_page, cpu, unmeasured) == 7
     cfg = XrtConfig(cache=CacheArgs(page_size=4, kv_size_gb=1e-4))
-    assert num_pages(cfg, runner) == 100_000 // per_page
+    assert num_pages(cfg, per_page, cpu, unmeasured) == 100_000 // per_page
     reserve = KVReserve(3 * per_page - 1, "the test", "no room left")
-    assert num_pages(cfg, runner, lambda: reserve) == 100_000 // per_page - 3
+    assert num_pages(cfg, per_page, cpu, unmeasured, lambda: reserve) == 100_000 // per_page - 3
     assert leave_reserve(4, per_page, reserve) == 1
     with pytest.raises(ValueError, match="^no room left$"):
         leave_reserve(3, per_page, reserve)
     with pytest.raises(ValueError, match=r"^cache.kv_size_gb: 1e-09 GB holds no 1024-byte KV page"):
-        num_pages(XrtConfig(cache=CacheArgs(page_size=4, kv_size_gb=1e-9)), runner)
+        num_pages(XrtConfig(cache=CacheArgs(page_size=4, kv_size_gb=1e-9)), per_page, cpu, unmeasured)

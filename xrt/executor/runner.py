@@ -27,6 +27,7 @@ from xrt.executor.graphs.parts import GraphParts
 from xrt.executor.graphs.prefill import PrefillGraphs, graph_pool_bytes, prefill_reserve, static_bytes
 from xrt.executor.graphs.prefill_inputs import PrefillShapes
 from xrt.executor.interface import PendingTokens
+from xrt.executor.memory import peak_activation_bytes
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput, as_decode
 from xrt.kvcache.connector import NoTierConnector, TierConnector
@@ -83,24 +84,42 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         # Counts forward passes; a launch may take tokens from the previous one only.
         self._num_passes = 0
+        # The runner owns its memory, in this order: the weights (above), the attention backend, a warm-up prefill
+        # that measures the peak activations (on CUDA), the KV cache from what is left, then the graphs.
+        self._bind_attention(graphs)
+        prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
+        self.num_pages = self._size_kv_cache(prefill_shapes)
+        self.kv_cache = self._allocate_kv_cache()
+        if graphs:
+            self._build_graphs(capture or CudaGraphCapture(self.device), prefill_shapes)
+
+    def _bind_attention(self, graphs: bool) -> None:
         self.attention_layers = sorted(
             (m for m in self.model.modules() if isinstance(m, PagedAttention)), key=lambda m: m.layer_idx
         )
         first = self.attention_layers[0]
         shape = AttentionShape(first.num_heads, first.num_kv_heads, first.head_dim, self.page_size, self.dtype,
                                self.device)
-        # Before sizing: on CUDA the KV budget is measured by running a prefill, which needs the backend.
-        self.backend: AttentionBackend = make_backend(shape, cfg.executor.workspace_mb, self.max_pages_per_seq)
+        self.backend: AttentionBackend = make_backend(shape, self.cfg.executor.workspace_mb, self.max_pages_per_seq)
         requirement = self.backend.graph_requirement() if graphs else None
         if requirement:
             raise ValueError(f"executor.kind: cudagraph needs {requirement}; use executor=eager")
         self.kv_layout = KVLayout.of(self.attention_layers, self.page_size, self.dtype)
-        prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
+
+    def _size_kv_cache(self, prefill_shapes: PrefillShapes | None) -> int:
+        """Pages for the KV cache: on CUDA what is left after the weights and a measured warm-up prefill, less the
+        prefill graphs' share. Every rank sizes its own (its free memory); all ranks hold the same page tables,
+        so the smallest."""
+        cfg = self.cfg
         reserve = (lambda: self._prefill_reserve(prefill_shapes)) if prefill_shapes else None
-        # Every rank sizes its own cache (its free memory); all ranks hold the same page tables, so the smallest.
-        self.num_pages = min_over_ranks(num_pages(cfg, self, reserve), self.tp_state)
+        pages = num_pages(cfg, self.kv_layout.bytes_per_page, self.device, lambda: peak_activation_bytes(cfg, self),
+                          reserve)
+        return min_over_ranks(pages, self.tp_state)
+
+    def _allocate_kv_cache(self) -> DeviceKVCache:
+        cfg = self.cfg
         try:
-            self.kv_cache = DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
+            return DeviceKVCache(self.attention_layers, self.kv_layout, self.num_pages, self.device)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             # Sizing checked the memory available; something took it meanwhile, or a limit it cannot see.
             if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
@@ -112,8 +131,6 @@ class ModelRunner:
                 f"{field}: the KV cache of {self.num_pages} pages ({self.num_pages * self.kv_layout.bytes_per_page} "
                 f"B) could not be allocated on {self.device}; lower {field}"
             ) from None
-        if graphs:
-            self._build_graphs(capture or CudaGraphCapture(self.device), prefill_shapes)
 
     def _build_model(self) -> Qwen3ForCausalLM:
         arch = DEFAULT_ARCHITECTURE
@@ -202,13 +219,11 @@ class ModelRunner:
 
     def _take_arrivals(self) -> KVReady | None:
         """Copies still running into the KV pages (a tier's load at admission), per layer; None when none."""
-        kv = getattr(self, "kv_cache", None)  # absent while sizing runs its measuring step
-        return kv.arrivals.take() if kv is not None else None
+        return self.kv_cache.arrivals.take()
 
     def _loading(self) -> bool:
         """KV loads pending for the next forward pass (queued or deferred)."""
-        kv = getattr(self, "kv_cache", None)
-        return kv is not None and kv.arrivals.pending()
+        return self.kv_cache.arrivals.pending()
 
     # -- the Runner contract ----------------------------------------------------------------------
 

@@ -1,41 +1,27 @@
-"""How many KV pages the device cache gets. `cache.num_pages` when set; on CPU what `cache.kv_size_gb`
-holds; on CUDA the process may use cache.max_memory_utilization of the GPU's total memory and the KV cache
-gets what is left after the weights (and everything else already resident) and the peak activations of the
-largest prefill step, measured by running one. Then, either way, less what something built after the cache
-reserves (the prefill CUDA graphs' memory pool and buffers). A cache the user sized (`cache.num_pages`, or
-`cache.kv_size_gb` on CPU) must fit the memory available now, checked before allocating, so a too-large
-one is one line naming the field rather than an allocator error (or, with overcommit, the OOM killer)."""
+"""How many KV pages the device cache gets: the bytes-to-pages arithmetic (the runner measures what it needs,
+xrt/executor/memory.py). `cache.num_pages` when set; on CPU what `cache.kv_size_gb` holds; on CUDA the process
+may use cache.max_memory_utilization of the GPU's total memory and the KV cache gets what is left after the
+weights (and everything else already resident) and the peak activations of the largest prefill step. Then,
+either way, less what something built after the cache reserves (the prefill CUDA graphs' memory pool and
+buffers). A cache the user sized (`cache.num_pages`, or `cache.kv_size_gb` on CPU) must fit the memory available
+now, checked before allocating, so a too-large one is one line naming the field rather than an allocator error
+(or, with overcommit, the OOM killer)."""
 
 from __future__ import annotations
 
 import gc
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from xrt.config import XrtConfig
-from xrt.executor.step import SeqChunk, StepInput
-from xrt.kvcache.device import KVLayer, KVLayout, scratch_kv_cache
 from xrt.log import get_logger
 from xrt.units import GB, GiB
 
 log = get_logger(__name__)
-
-
-class ProfiledRunner(Protocol):
-    """What sizing needs of the runner: the model's attention layers and a step to run through it."""
-
-    device: torch.device
-    page_size: int
-    max_model_len: int
-    attention_layers: Sequence[KVLayer]
-    kv_layout: KVLayout
-
-    def execute(self, step: StepInput) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -48,17 +34,20 @@ class KVReserve:
     error: str
 
 
-def num_pages(cfg: XrtConfig, runner: ProfiledRunner, reserve: Callable[[], KVReserve] | None = None) -> int:
+def num_pages(cfg: XrtConfig, bytes_per_page: int, device: torch.device, peak_bytes: Callable[[], int],
+              reserve: Callable[[], KVReserve] | None = None) -> int:
+    """The pages the config gives a KV cache of `bytes_per_page` pages on `device`. peak_bytes: the peak activation
+    bytes of the largest prefill step, measured by the caller (the runner runs one; only asked on CUDA, when the
+    config does not fix the size)."""
     cache = cfg.cache
-    bytes_per_page = runner.kv_layout.bytes_per_page
     if cache.num_pages:
-        check_fits(cache.num_pages, bytes_per_page, runner.device, "cache.num_pages", f"{cache.num_pages} pages")
+        check_fits(cache.num_pages, bytes_per_page, device, "cache.num_pages", f"{cache.num_pages} pages")
         return cache.num_pages
-    if runner.device.type == "cuda":
-        pages = cuda_num_pages(cfg, runner, bytes_per_page)
+    if device.type == "cuda":
+        pages = cuda_num_pages(cfg, device, bytes_per_page, peak_bytes())
     else:
         pages = math.floor(cache.kv_size_gb * GB / bytes_per_page)
-        check_fits(pages, bytes_per_page, runner.device, "cache.kv_size_gb", f"{cache.kv_size_gb} GB")
+        check_fits(pages, bytes_per_page, device, "cache.kv_size_gb", f"{cache.kv_size_gb} GB")
     if pages < 1:
         raise ValueError(
             f"cache.kv_size_gb: {cache.kv_size_gb} GB holds no {bytes_per_page}-byte KV page; "
@@ -151,48 +140,6 @@ def leave_reserve(pages: int, bytes_per_page: int, reserve: KVReserve) -> int:
     return pages - cut
 
 
-def profile_step(max_batched_tokens: int, max_num_seqs: int, max_model_len: int, page_size: int) -> StepInput:
-    """The largest prefill the scheduler can build: max_batched_tokens split into sequences of at
-    most max_model_len tokens (at most max_num_seqs of them), each wanting logits, on disjoint pages."""
-    lengths: list[int] = []
-    left = max_batched_tokens
-    while left > 0 and len(lengths) < max_num_seqs:
-        lengths.append(min(left, max_model_len))
-        left -= lengths[-1]
-    seqs, first_page = [], 0
-    for n in lengths:
-        pages = math.ceil(n / page_size)
-        seqs.append(SeqChunk(token_ids=[0] * n, start_pos=0, page_table=list(range(first_page, first_page + pages))))
-        first_page += pages
-    return StepInput(is_prefill=True, seqs=seqs)
-
-
-def peak_activation_bytes(cfg: XrtConfig, runner: ProfiledRunner) -> int:
-    """Run the largest prefill through the runner on a scratch KV cache (one tensor shared by every
-    layer; values do not matter) and return the peak of torch allocations above the baseline."""
-    step = profile_step(
-        cfg.scheduler.max_batched_tokens, cfg.scheduler.max_num_seqs, runner.max_model_len, runner.page_size
-    )
-    num_pages = sum(len(s.page_table) for s in step.seqs)
-    return peak_bytes_on_scratch_cache(runner, num_pages, lambda: runner.execute(step))
-
-
-def peak_bytes_on_scratch_cache(runner: ProfiledRunner, num_pages: int, run: Callable[[], object]) -> int:
-    """Peak torch allocations of `run()` above the baseline, with every attention layer pointed at one
-    scratch KV cache of `num_pages` pages (the real cache, if any, is left untouched)."""
-    device = runner.device
-    try:
-        with scratch_kv_cache(runner.attention_layers, runner.kv_layout, num_pages, device):
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            run()
-            torch.cuda.synchronize(device)
-            return torch.cuda.max_memory_allocated(device) - base
-    finally:
-        torch.cuda.empty_cache()
-
-
 def device_used_bytes(device: torch.device) -> tuple[int, int]:
     """(bytes in use on the device by anyone, total bytes), after returning torch's cached blocks."""
     # A runner dropped earlier in this process (a second LLM, a sweep's next job) is often held only by
@@ -205,19 +152,20 @@ def device_used_bytes(device: torch.device) -> tuple[int, int]:
     return total - free, total
 
 
-def cuda_num_pages(cfg: XrtConfig, runner: ProfiledRunner, bytes_per_page: int) -> int:
+def cuda_num_pages(cfg: XrtConfig, device: torch.device, bytes_per_page: int, peak: int) -> int:
     util = cfg.cache.max_memory_utilization
-    peak = peak_activation_bytes(cfg, runner)
-    # Measured after the profile so memory it brought in for good (cuBLAS workspaces, JIT kernels) counts.
-    used, total = device_used_bytes(runner.device)
+    # Measured after the peak (the caller's profile step) so memory it brought in for good (cuBLAS workspaces,
+    # JIT kernels) counts.
+    used, total = device_used_bytes(device)
     budget = int(total * util)
     kv_bytes = budget - used - peak
     pages = kv_bytes // bytes_per_page if kv_bytes > 0 else 0
+    page_size = cfg.cache.page_size
     log.info(
         f"KV cache: {util:.2f} x {total / GiB:.1f} GiB = {budget / GiB:.2f} GiB; in use after weights "
         f"{used / GiB:.2f} GiB; peak activations {peak / GiB:.2f} GiB "
         f"({cfg.scheduler.max_batched_tokens}-token prefill); KV {max(kv_bytes, 0) / GiB:.2f} GiB = {pages} pages "
-        f"of {runner.page_size} tokens ({pages * runner.page_size} tokens, {bytes_per_page} B/page)"
+        f"of {page_size} tokens ({pages * page_size} tokens, {bytes_per_page} B/page)"
     )
     if pages < 1:
         raise ValueError(

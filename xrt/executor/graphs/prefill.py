@@ -6,8 +6,6 @@ staging: `xrt.executor.graphs.prefill_inputs`. Captured after the decode graphs,
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from xrt.attention.metadata import AttentionMetadata
@@ -15,9 +13,10 @@ from xrt.executor.buffers import StagedBuffer, device_event, host_tensor
 from xrt.executor.graphs.capture import Graph, capture_each, measured
 from xrt.executor.graphs.parts import GraphParts
 from xrt.executor.graphs.prefill_inputs import PrefillShapes, padding_step, stage_padding, stage_prefill
+from xrt.executor.memory import ProfiledRunner, peak_bytes_on_scratch_cache
 from xrt.executor.prepare import build_metadata
 from xrt.executor.step import StepInput
-from xrt.kvcache.sizing import KVReserve, ProfiledRunner, peak_bytes_on_scratch_cache
+from xrt.kvcache.sizing import KVReserve
 from xrt.log import get_logger
 from xrt.units import GiB
 
@@ -131,11 +130,7 @@ def static_bytes(shapes: PrefillShapes, vocab: int, logit_bytes: int, backend_by
     return 8 * (3 * t_max + s_max) + s_max * vocab * logit_bytes + 8 * s_max + backend_bytes
 
 
-class PoolProfiled(ProfiledRunner, Protocol):
-    def run_model(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor: ...
-
-
-def graph_pool_bytes(runner: PoolProfiled, seqs: int, tokens: int) -> int:
+def graph_pool_bytes(runner: ProfiledRunner, seqs: int, tokens: int) -> int:
     """Peak torch allocations of the largest prefill graph's computation run eagerly: about what the
     graphs' memory pool keeps for good. Nothing is written to the KV cache (every slot is -1). On CPU,
     where graphs keep no device pool, 0."""
