@@ -1,13 +1,15 @@
 """results.md, plot.png and kernels.png from every line of results.jsonl. Also a command, for results brought
 back from a machine without matplotlib or a sweep whose jobs ran elsewhere: `python -m xrt bench report DIR`
-(or `python -m xrt.bench.report DIR`); DIR holding job directories is a sweep's (`xrt.bench.sweep_results`)."""
+(or `python -m xrt.bench.report DIR`); DIR holding job directories is a sweep's (`xrt.bench.sweep_results`), whose
+lines `combine` joins first."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from xrt.bench.results import KERNELS_PLOT, PLOT, RESULTS, TABLE, read_records
+from xrt.bench.results import KERNELS_PLOT, PLOT, RESULTS, TABLE, read_records, write_records
+from xrt.bench.sweep_results import best_lines, job_dirs, own_lines
 from xrt.bench.table import render_markdown
 
 
@@ -36,12 +38,19 @@ def regenerate(out_dir: Path) -> list[str]:
     return [*done, *(f"wrote {out_dir / name}" for name in plotted)]
 
 
+def combine(root: Path) -> list[str]:
+    """<root>/results.jsonl from every sweep job's lines (`job_dirs`), then the table and plots; the lines to
+    print."""
+    dirs = job_dirs(root)
+    records = [r for d in dirs for r in read_records(d)]
+    path = write_records(root, records, fresh=True)
+    return [f"wrote {path} ({len(records)} lines from {len(dirs)} jobs)", *regenerate(root), *best_lines(records)]
+
+
 USAGE = "usage: python -m xrt bench report DIR  (a bench.out_dir or sweep directory: results.jsonl in it or its jobs)"
 
 
 def main(argv: list[str]) -> int:
-    from xrt.bench.sweep_results import combine, job_dirs, own_lines
-
     if len(argv) != 1:
         print(f"error: expected one directory, got {len(argv)} arguments\n{USAGE}", file=sys.stderr)
         return 2

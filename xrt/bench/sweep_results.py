@@ -1,8 +1,9 @@
 """A sweep's results. Each bench job of a multirun writes its own results.jsonl in its Hydra job directory
 (<sweep dir>/<job number>/, beside Hydra's .hydra/config.yaml and overrides.yaml), its lines tagged with the job
-and the objective it returned; `combine` joins them into <sweep dir>/results.jsonl and regenerates the table and
-plots there. It reads only files, so it serves a sweep whose jobs ran on other machines (submitit on a cluster,
-or job directories copied together): `python -m xrt bench report DIR`."""
+and the objective it returned; `job_dirs` finds them, and `xrt.bench.report.combine` joins them into
+<sweep dir>/results.jsonl and regenerates the table and plots there. It reads only files, so it serves a sweep
+whose jobs ran on other machines (submitit on a cluster, or job directories copied together):
+`python -m xrt bench report DIR`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from xrt.bench.report import regenerate
-from xrt.bench.results import RESULTS, Record, read_records, write_records
+from xrt.bench.results import RESULTS, Record, read_records
 from xrt.config import BenchObjective
 from xrt.config.bench import THROUGHPUT_OBJECTIVES
 
@@ -46,14 +46,6 @@ def job_dirs(root: Path) -> list[Path]:
 def own_lines(root: Path) -> bool:
     """<root>/results.jsonl holds lines that are not its jobs' (a single run's): combining would lose them."""
     return any(SWEEP_KEY not in r for r in read_records(root))
-
-
-def combine(root: Path) -> list[str]:
-    """<root>/results.jsonl from every job's lines, then the table and plots; the lines to print."""
-    dirs = job_dirs(root)
-    records = [r for d in dirs for r in read_records(d)]
-    path = write_records(root, records, fresh=True)
-    return [f"wrote {path} ({len(records)} lines from {len(dirs)} jobs)", *regenerate(root), *best_lines(records)]
 
 
 def best_lines(records: list[Record]) -> list[str]:
@@ -90,4 +82,4 @@ def _natural(path: Path) -> list[tuple[int, Any]]:
     return [(0, int(t)) if t.isdigit() else (1, t) for part in path.parts for t in re.split(r"(\d+)", part) if t]
 
 
-__all__ = ["SWEEP_KEY", "best_lines", "combine", "direction", "job_dirs", "objective_value"]
+__all__ = ["SWEEP_KEY", "best_lines", "direction", "job_dirs", "objective_value", "own_lines"]

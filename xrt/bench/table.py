@@ -7,36 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.cells import ms, row_labels, spread
 from xrt.bench.kernels.table import render_kernels
 from xrt.bench.results import Record
+from xrt.bench.tier_table import render_tiers
 
 LatencyKey = tuple[str, int, int, str, str]
-
-# Config fields that differ between jobs without making a different row: the batch (a row's own
-# column), the executor (the label's head) and where the results go.
-SAME_ROW = {"bench.batch", "bench.out_dir", "executor.kind"}
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _labels(records: list[Record]) -> list[str]:
-    """executor, plus the config fields that vary between the group's lines (a sweep over them)."""
-    flats = [flatten(r.get("config") or {}) for r in records]
-    keys = sorted({k for f in flats for k in f} - SAME_ROW)
-    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
-    return [
-        r["executor"] + (" " + " ".join(f"{k}={f.get(k)}" for k in varying) if varying else "")
-        for r, f in zip(records, flats, strict=True)
-    ]
-
 
 def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
     """Rows per (model, lengths, dtype, device), each with a "label" (executor and swept fields); the
@@ -48,7 +24,7 @@ def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
             groups.setdefault(key, []).append(r)
     out: dict[LatencyKey, list[Record]] = {}
     for key, rs in groups.items():
-        rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, _labels(rs), strict=True)}
+        rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, row_labels(rs), strict=True)}
         out[key] = [rows[x] for x in sorted(rows)]
     return out
 
@@ -57,24 +33,12 @@ def throughput_rows(records: list[Record]) -> list[Record]:
     return [r for r in records if r.get("scenario") == "throughput"]
 
 
-def _ms(x: Any) -> str:
-    return "–" if x is None else f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
-
-
 def _ratio(x: Any) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
-def _spread(r: Record, name: str) -> str:
-    """The median and, over two or more timed runs, their range: `1.507 (1.231–1.782)`."""
-    runs = [x for x in r.get(f"{name}_all") or [] if x is not None]
-    if len(runs) < 2:
-        return _ms(r[name])
-    return f"{_ms(r[name])} ({_ms(min(runs))}–{_ms(max(runs))})"
-
-
 def _pair(a: Any, b: Any) -> str:
-    return "–" if a is None and b is None else f"{_ms(a)} / {_ms(b)}"
+    return "–" if a is None and b is None else f"{ms(a)} / {ms(b)}"
 
 
 def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
@@ -100,12 +64,12 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
             continue
         pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
         lines.append(
-            f"| {r['label']} | {r['batch']} | {bucket} | {_spread(r, 'ttft_ms')} | {_spread(r, 'tpot_ms')} "
-            f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "
+            f"| {r['label']} | {r['batch']} | {bucket} | {spread(r, 'ttft_ms')} | {spread(r, 'tpot_ms')} "
+            f"| {ms(r.get('peer_ttft_ms'))} | {ms(r.get('peer_tpot_ms'))} "
             f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
             f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "
             f"| {_pair(x.get('cpp_graph_ttft'), x.get('cpp_graph_tpot'))} "
-            f"| {_ms(r.get('floor_ms'))} | {pct} |"
+            f"| {ms(r.get('floor_ms'))} | {pct} |"
         )
     return lines
 
@@ -119,7 +83,7 @@ def _throughput_table(rows: list[Record]) -> list[str]:
         "|---|---|---|--:|---|--:|--:|--:|--:|--:|",
     ]
     # Labelled as the latency rows are: a sweep's rows differ by the fields it varies.
-    for r, label in zip(rows, _labels(rows), strict=True):
+    for r, label in zip(rows, row_labels(rows), strict=True):
         lines.append(
             f"| {label} | {r['model']} | {r['device_name']} | {r['num_requests']} "
             f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
@@ -146,8 +110,6 @@ def render_markdown(records: list[Record]) -> str:
     tput = throughput_rows(records)
     if tput:
         lines += _throughput_table(tput) + [""]
-    from xrt.bench.tier_table import render_tiers  # it builds on this module's labels and formats
-
     tiers = render_tiers(records)
     lines += tiers
     kernels = render_kernels(records)

@@ -1,13 +1,13 @@
 """results.md's tables of the KV-tier scenarios: prefix (TTFT by where the prefix comes from, one row per prefix
 length) and multiturn (one row per cache.tiers setting). Rows are grouped and labelled as the latency table's
-(xrt.bench.table); a later line for the same row replaces an earlier one."""
+(xrt.bench.cells); a later line for the same row replaces an earlier one."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from xrt.bench.cells import ms, row_labels, spread
 from xrt.bench.results import Record
-from xrt.bench.table import _labels, _ms, _spread
 
 PREFIX_PHASES = (
     ("cold", "cold (gpu)"),
@@ -26,7 +26,7 @@ def _grouped(records: list[Record], scenario: str, key: tuple[str, ...], row: st
             groups.setdefault(tuple(r.get(k) for k in key), []).append(r)
     out: dict[GroupKey, list[Record]] = {}
     for k, rs in groups.items():
-        rows = {(label, r[row]): {**r, "label": label} for r, label in zip(rs, _labels(rs), strict=True)}
+        rows = {(label, r[row]): {**r, "label": label} for r, label in zip(rs, row_labels(rs), strict=True)}
         out[k] = list(rows.values())
     return out
 
@@ -58,7 +58,7 @@ def _phase(r: Record, phase: str) -> str:
     if r.get(f"{phase}_ttft_ms") is None:
         return "–"
     frac = r.get(f"{phase}_ttft_frac")
-    return _spread(r, f"{phase}_ttft_ms") + ("" if phase == "cold" or frac is None else f" · {frac:.2f}×")
+    return spread(r, f"{phase}_ttft_ms") + ("" if phase == "cold" or frac is None else f" · {frac:.2f}×")
 
 
 def outputs_cell(r: Record) -> str:
@@ -155,8 +155,8 @@ def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
         same = "identical" if r["outputs_identical"] else f"{r['mismatched_requests']} differ"
         lines.append(
             f"| {r['label']} | {r['tiers']} | {r['requests_per_s']:.2f} | {r['requests_per_s_ratio']:.2f}× "
-            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} | {_ms(r['ttft_ms'])} "
-            f"| {_ms(r.get('tpot_ms'))} | {_steps(r.get('steps'))} "
+            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} | {ms(r['ttft_ms'])} "
+            f"| {ms(r.get('tpot_ms'))} | {_steps(r.get('steps'))} "
             f"| {served} | {r.get('preemptions', 0)} | {_tokens(r['working_set_tokens'])} "
             f"| {_tokens(r['gpu_kv_tokens'])} | {_tokens(r['l1_tokens'] + r['l2_tokens'])} | {same} vs "
             f"{r['compared_with']} |"

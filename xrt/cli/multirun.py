@@ -2,7 +2,7 @@
 joblib, submitit, ...) run them and `hydra/launcher=...`, `hydra/sweeper=...`, `hydra.sweep.dir`,
 `hydra.sweeper.params` work as Hydra documents. Each job gets a directory under the sweep directory with Hydra's
 .hydra/config.yaml and overrides.yaml; a bench job writes its results.jsonl there and returns its objective to
-the sweeper, and the sweep's combined table and plot are built at the end (`xrt.bench.sweep_results`).
+the sweeper, and the sweep's combined table and plot are built at the end (`xrt.bench.report.combine`).
 
 Before the first job runs, every job's config is composed and checked (`xrt.config.sweep.plan_sweep` lists
 them), with the machine checks when the launcher runs the jobs on this machine: a bad value in one job stops
@@ -171,7 +171,7 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     finally:
         # The jobs that finished make the table, also when one failed or the sweep was interrupted.
         if command == "bench" and Path(plan.sweep_dir).is_dir():
-            from xrt.bench.sweep_results import combine
+            from xrt.bench.report import combine
 
             for line in combine(Path(plan.sweep_dir)):
                 print(f"[bench] {line}", flush=True)
