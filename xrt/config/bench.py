@@ -6,6 +6,7 @@ import enum
 
 import attrs
 
+from xrt.config.cache import KVTiers
 from xrt.config.problems import Problems
 from xrt.reflect import each, field, ge
 
@@ -181,8 +182,3 @@ class ProfileArgs:
 
     def check(self) -> Problems:
         return [("batch", "must list at least one batch size, got []")] if not self.batch else []
-
-
-# KVTiers (bench.compare_tiers) lives in schema.py, which imports this module before defining it: bound here, once
-# every class above exists, so BenchArgs' annotations (resolved when a config is built) and its default find it.
-from xrt.config.schema import KVTiers  # noqa: E402
