@@ -29,19 +29,19 @@ from xrt.config import (
 )
 from xrt.distributed.driver import TPRunner
 from xrt.distributed.kv_wire import (
-    decode_kv_load,
     decode_kv_keys,
+    decode_kv_load,
     decode_kv_store,
-    encode_kv_load,
     encode_kv_keys,
+    encode_kv_load,
     encode_kv_store,
 )
 from xrt.engine.llm import LLM
 from xrt.executor.runner import ModelRunner
 from xrt.kvstore.build import key_namespace
-from xrt.kvstore.l2 import l2_dir
-from xrt.kvstore.stats import GPU, L1, L2
 from xrt.kvstore.connector import TieredConnector
+from xrt.kvstore.l2_files import l2_dir
+from xrt.kvstore.stats import GPU, L1, L2
 
 CHUNK = 16
 SAMPLING = SamplingArgs(max_tokens=6, ignore_eos=True)

@@ -20,7 +20,7 @@ import pytest
 import xrt
 from tests.kvstore.kvstore_support import CHUNK, namespace_dir, tier_cache, tokens
 from xrt.config import KVTiers, ParallelArgs, SamplingArgs, XrtConfig
-from xrt.kvstore.l2 import MEASUREMENTS
+from xrt.kvstore.l2_files import MEASUREMENTS
 
 SAMPLING = SamplingArgs(max_tokens=4, ignore_eos=True)
 

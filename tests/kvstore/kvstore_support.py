@@ -25,11 +25,12 @@ from xrt.config import CacheArgs, KVTiers, L1Args, L2Args, SamplingArgs, XrtConf
 from xrt.engine.llm import LLM
 from xrt.kvcache.device import KVLayout
 from xrt.kvstore.chunk import ChunkLayout
+from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.index import INDEX, LOCK, parse_data_name
 from xrt.kvstore.keys import KeyNamespace, chunk_keys
 from xrt.kvstore.l1 import L1Cache
-from xrt.kvstore.l2 import DIR_PREFIX, MEASUREMENTS, TEMP_SUFFIX, L2Store
-from xrt.kvstore.connector import TieredConnector
+from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.l2_files import DIR_PREFIX, MEASUREMENTS, TEMP_SUFFIX
 from xrt.models.tiny import tiny_model_args
 from xrt.units import GB
 

@@ -18,7 +18,8 @@ from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.index import INDEX
 from xrt.kvstore.l1 import L1Cache
-from xrt.kvstore.l2 import L2Store, l2_dir
+from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.l2_files import l2_dir
 
 NS = "ab" * 32
 ARGS = L2Args(path="", backend=L2Backend.POSIX, backend_params={}, size_gb=1.0)

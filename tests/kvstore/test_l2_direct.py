@@ -23,7 +23,8 @@ from xrt.config import L2Args, L2Backend
 from xrt.kvcache.device import KVLayout
 from xrt.kvstore.chunk import ChunkLayout, checksum
 from xrt.kvstore.l1 import ALIGN, L1Cache
-from xrt.kvstore.l2 import O_DIRECT, L2Store
+from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.l2_files import O_DIRECT
 from xrt.kvstore.stats import TierStats
 from xrt.kvstore.writer import L2Writer
 

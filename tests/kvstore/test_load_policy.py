@@ -16,11 +16,11 @@ import torch
 from tests.kvstore.test_tiered_engine import CHUNK, SAMPLING, cache, outputs, prompts, tiers_of
 from xrt.config import KVTiers, L2LoadPolicy, XrtConfig
 from xrt.engine.llm import LLM
+from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.keys import chunk_keys
-from xrt.kvstore.l2 import L2Error
+from xrt.kvstore.l2_transfer import L2Error
 from xrt.kvstore.policy import FLOOR_BYTES_PER_S, MIN_DEADLINE_S, RECENT_PREFILLS, LoadPolicy, PrefillClock
 from xrt.kvstore.stats import GPU, L1, L2
-from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.writer import MAX_CONSECUTIVE_ERRORS
 
 

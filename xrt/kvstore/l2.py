@@ -1,4 +1,4 @@
-"""L2: KV chunks in files, moved to and from L1's buffer by a NIXL agent (`cache.l2`).
+"""L2: KV chunks in files, moved to and from L1's buffer by NIXL agents (`cache.l2`).
 
 One file per chunk, `<path>/xrt-kv-<namespace>/<key hex>-<crc32 hex>.kv`, written under a temp name and
 renamed once its transfer is done. Chosen over preallocated slab files: a name derived from the key needs no
@@ -7,46 +7,26 @@ write the same name, and the second rename replaces identical bytes), a restart 
 clearing or evicting is unlinking. The price is one open/register per chunk per transfer, small next to a
 chunk's bytes (a 256-token chunk of Qwen3-0.6B is 28 MiB). `size_gb` bounds one namespace's files.
 
-The L1 buffer is registered with the agent once. A batch of chunks is one NIXL transfer (one descriptor per
-chunk on each side), posted and then polled with `check_xfer_state` until DONE or ERR; the poll spins briefly
-and then sleeps with a growing interval (NIXL's Python API has no blocking wait). A key is published (renamed
-and added to the index) only after its batch reported DONE; on any failure the batch's temp files are removed
-and nothing is published. Loads verify the crc32 in the name against the bytes read (on a few threads: zlib
-releases the GIL); a mismatch is a miss and the entry and file are dropped. Existence comes from the index
-(index.py), never from query_memory.
-
-Loads open the chunk files with O_DIRECT (`cache.l2.direct_io`, on by default) when the transfer allows it:
-L1's buffer starts on 4096 bytes (l1.py) and the chunk size is a multiple of 4096, so every slot offset and
-length is too (decided once per store; otherwise buffered, logged). Reads then bypass the page cache, which
-L1 already is, and run at the disk's direct rate: on the H200 machine (NIXL 1.5.1 POSIX, 48 Qwen3-8B chunks
-of 37.7 MB, page cache dropped) 1.89-1.93 GB/s against 1.29-1.36 buffered, the issue 13 target being 70% of
-the directory's dd-like O_DIRECT probe (xrt/bench/disk.py). A filesystem that refuses O_DIRECT (EINVAL:
-tmpfs before Linux 6.6) is found at start-up, or at the first load, and read buffered from then on. Writes
-stay buffered: they run in the background, where nobody waits for them. A chunk still in the page cache is
-read from the disk too (the kernel writes dirty pages back first); a chunk written recently is usually in L1.
-
-A load may carry a deadline (policy.py): past it the caller stops waiting and recomputes. The transfer cannot
-be taken back from NIXL while it runs, so a late transfer is handed to a thread that waits for it, then frees
-its slots and files; until then the read agent is busy and later loads with a deadline miss at once instead
-of queueing behind it.
+A batch of chunks is one NIXL transfer (l2_transfer.py). A key is published (renamed and added to the index)
+only after its batch reported DONE; on any failure the batch's temp files are removed and nothing is
+published. Loads verify the crc32 in the name against the bytes read (on a few threads: zlib releases the
+GIL); a mismatch is a miss and the entry and file are dropped. Existence comes from the index (index.py),
+never from query_memory. Loads read with O_DIRECT where the layout and the filesystem allow it (l2_files.py);
+a load past its deadline is abandoned, its transfer waited out on another thread (l2_transfer.py).
 
 Threads: the L2 writer thread stores, the prefetch thread loads ahead of admission, and the scheduler's
-thread looks up and loads. Each role has its own agent (each registers the L1 buffer), so a load never queues
-behind a store's or a prefetch's transfer. The index lock is held for dict work and index file I/O, never
-across a transfer; lookups and loads read the index without waiting for it (`_listed`). NIXL agents are made
-without their own locking (NIXL_THREAD_SYNC_NONE, the default without a listener thread), so each agent has
-a lock too."""
+thread looks up and loads. Each role has its own agent (each registers the L1 buffer, each has a lock), so a
+load never queues behind a store's or a prefetch's transfer. The index lock is held for dict work and index
+file I/O, never across a transfer; lookups and loads read the index without waiting for it (`_listed`)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,7 +36,18 @@ from typing import Any, TypeVar
 from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import checksum
 from xrt.kvstore.index import LOCK, L2Index, data_name
-from xrt.kvstore.l1 import ALIGN, L1Cache
+from xrt.kvstore.l1 import L1Cache
+from xrt.kvstore.l2_files import (
+    O_DIRECT,
+    TEMP_SUFFIX,
+    l2_dir,
+    read_measurements,
+    remove_stale_temps,
+    temp_tag,
+    why_buffered,
+    write_measurements,
+)
+from xrt.kvstore.l2_transfer import ROLES, L2Agent, L2Busy, L2Error, L2Late
 from xrt.kvstore.nixl_api import nixl_api
 from xrt.log import get_logger
 from xrt.units import GB
@@ -64,35 +55,8 @@ from xrt.units import GB
 log = get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
-DIR_PREFIX = "xrt-kv-"
-# Spin this long before sleeping between polls: a POSIX batch of a few chunks is often done within it.
-SPIN_S = 200e-6
-MAX_POLL_SLEEP_S = 2e-3
-TEMP_SUFFIX = ".tmp"
-# what a process measured here, for the next one (policy.py)
-MEASUREMENTS = "measurements.json"
-# a temp file this old belongs to a store that died (a live one renames within a transfer's time)
-STALE_TEMP_S = 3600.0
-# 0 where the platform has no O_DIRECT (not Linux): reads are buffered there
-O_DIRECT: int = getattr(os, "O_DIRECT", 0)
-
-
-# the agents' roles: WRITE stores, READ loads at admission, PREFETCH loads ahead of admission (prefetch.py)
-ROLES = ("WRITE", "READ", "PREFETCH")
 # threads verifying loaded chunks' checksums (zlib.crc32 releases the GIL: they run in parallel)
 VERIFY_THREADS = min(8, os.cpu_count() or 1)
-
-
-class L2Error(RuntimeError):
-    """A transfer that did not complete (ERR state, or NIXL raised)."""
-
-
-class L2Late(L2Error):
-    """A transfer still running at its deadline: left to a thread that frees its resources when it ends."""
-
-
-class L2Busy(L2Late):
-    """A transfer with a deadline not started: the agent is still finishing a late one."""
 
 
 @dataclass(frozen=True)
@@ -104,70 +68,6 @@ class LoadResult:
     crcs: list[int | None]
     seconds: float = 0.0
     late: bool = False
-
-
-class _Agent:
-    """One NIXL agent with the L1 buffer registered, and the lock its callers take."""
-
-    def __init__(self, api: Any, name: str, backend: str, params: dict[str, str], l1: L1Cache) -> None:
-        self.lock = threading.Lock()
-        self.backend = backend
-        self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
-        self.agent.create_backend(backend, params)
-        buf = l1.buffer
-        self.dev = max(buf.get_device(), 0)
-        self.mem = "VRAM" if buf.is_cuda else "DRAM"
-        self.base = buf.data_ptr()
-        self.reg: Any = self.agent.register_memory([(self.base, buf.numel(), self.dev, "")], self.mem,
-                                                   backends=[backend])
-
-    def close(self) -> None:
-        with self.lock:
-            if self.reg is not None:
-                self.agent.deregister_memory(self.reg, backends=[self.backend])
-                self.reg = None
-
-
-def remove_stale_temps(directory: Path) -> list[str]:
-    """Delete temp files of stores that will never finish: their process (pid in the name) is gone, or they
-    are older than STALE_TEMP_S (another host's process, sharing the directory). Returns the names removed."""
-    removed = []
-    now = time.time()
-    with contextlib.suppress(OSError):
-        for e in os.scandir(directory):
-            if not (e.name.startswith(".") and e.name.endswith(TEMP_SUFFIX)):
-                continue
-            try:
-                pid = int(e.name[: -len(TEMP_SUFFIX)].rsplit(".", 1)[1].split("-")[0])
-                os.kill(pid, 0)
-                alive = True
-            except (ValueError, IndexError, ProcessLookupError):
-                alive = False
-            except PermissionError:  # another user's live process
-                alive = True
-            try:
-                if not alive or now - e.stat().st_mtime > STALE_TEMP_S:
-                    os.unlink(e.path)
-                    removed.append(e.name)
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def l2_dir(root: str | Path, namespace_hex: str) -> Path:
-    return Path(root) / f"{DIR_PREFIX}{namespace_hex[:32]}"
-
-
-def why_buffered(l1: L1Cache) -> str | None:
-    """Why reads into this L1 cannot be O_DIRECT (buffer, offsets and lengths on ALIGN), None when they can.
-    A slot's offset is a multiple of the chunk size, so the buffer's base and the chunk size decide it."""
-    if not O_DIRECT:
-        return "the platform has no O_DIRECT"
-    if l1.buffer.data_ptr() % ALIGN:
-        return f"the L1 buffer does not start on {ALIGN} bytes"
-    if l1.layout.nbytes % ALIGN:
-        return f"a chunk is {l1.layout.nbytes} bytes, not a multiple of {ALIGN}"
-    return None
 
 
 class L2Store:
@@ -211,10 +111,11 @@ class L2Store:
             with contextlib.suppress(OSError):
                 os.close(self._open_read(self.dir / LOCK))
         api = nixl_api()
-        name = agent_name or f"xrt-l2-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        name = agent_name or f"xrt-l2-{temp_tag()}"
         params = dict(args.backend_params)
         # one agent per role (stores, loads at admission, prefetches), so none queues behind another's transfer
-        self._agents = {role: _Agent(api, f"{name}-{role.lower()}", self.backend, params, l1) for role in ROLES}
+        self._agents = {role: L2Agent(api, f"{name}-{role.lower()}", role, self.backend, params, l1)
+                        for role in ROLES}
         self.stored = self.loaded = self.corrupt = self.late_transfers = 0
         self.last_store_failed = False  # the latest store's batch failed (L2Writer counts it)
         self._verify = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="xrt-kv-verify")
@@ -280,85 +181,17 @@ class L2Store:
 
     def _transfer(self, role: str, slots: Sequence[int], fds: Sequence[int], deadline: float | None = None,
                   on_late: Callable[[], None] | None = None) -> None:
-        """One NIXL transfer: each slot of L1 <-> the whole of its file. Raises L2Error unless DONE. With a
-        deadline (a perf_counter time), raises L2Late once it passes, or at once when the agent is still busy
-        with an earlier late transfer; `on_late` then runs on the thread that waits the transfer out, after
-        its NIXL resources are released."""
-        a = self._agents[role]
-        op = "WRITE" if role == "WRITE" else "READ"
-        if deadline is None:
-            a.lock.acquire()
-        elif not a.lock.acquire(blocking=False):
-            raise L2Busy(f"NIXL {self.backend} {op}: the agent is still finishing a late transfer")
-        handed_off = False
+        """One NIXL transfer through the role's agent: each slot of L1 <-> the whole of its file
+        (`L2Agent.transfer`: L2Error unless DONE; with a deadline, L2Late once it passes, L2Busy while the agent
+        finishes an earlier late one, `on_late` run once a late one ends)."""
+        offsets = [self.l1.slot_offset(s) for s in slots]
         try:
-            handed_off = self._transfer_with(a, op, slots, fds, deadline, on_late)
-        finally:
-            if not handed_off:
-                a.lock.release()
-        if handed_off:
-            raise L2Late(f"NIXL {self.backend} {op} of {len(fds)} chunks not done by its deadline")
-
-    def _transfer_with(self, a: _Agent, op: str, slots: Sequence[int], fds: Sequence[int],
-                       deadline: float | None = None, on_late: Callable[[], None] | None = None) -> bool:
-        """The transfer, a.lock held. True when it passed its deadline: a thread now owns it, its
-        resources and the lock (`_finish_late`)."""
-        n, agent = self.chunk_bytes, a.agent
-        file_reg = agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
-        handle = None
-        late = False
-        try:
-            local = agent.get_xfer_descs([(a.base + self.l1.slot_offset(s), n, a.dev) for s in slots], a.mem)
-            remote = agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
-            handle = agent.initialize_xfer(op, local, remote, agent.name, backends=[self.backend])
-            state = agent.transfer(handle)
-            start, pause = time.perf_counter(), 20e-6
-            while state == "PROC":
-                now = time.perf_counter()
-                if deadline is not None and now > deadline:
-                    late = True
-                    self.late_transfers += 1
-                    self._finish_late(a, handle, file_reg, on_late)
-                    return True
-                if now - start > SPIN_S:
-                    time.sleep(pause)
-                    pause = min(2 * pause, MAX_POLL_SLEEP_S)
-                state = agent.check_xfer_state(handle)
-            if state != "DONE":
-                raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks ended in state {state}")
-        except L2Error:
+            self._agents[role].transfer(offsets, fds, self.chunk_bytes, deadline, on_late)
+        except L2Busy:
             raise
-        except Exception as e:  # NIXL raises its own nixl*Error types from the bindings
-            raise L2Error(f"NIXL {self.backend} {op} of {len(fds)} chunks failed: {e}") from e
-        finally:
-            if not late:
-                if handle is not None:
-                    handle.release()
-                agent.deregister_memory(file_reg, backends=[self.backend])
-        return False
-
-    def _finish_late(self, a: _Agent, handle: Any, file_reg: Any, on_late: Callable[[], None] | None) -> None:
-        """Wait out a transfer past its deadline on a thread, then release it, run on_late (the caller's
-        cleanup: its files and slots) and the agent's lock."""
-
-        def wait() -> None:
-            try:
-                while a.agent.check_xfer_state(handle) == "PROC":
-                    time.sleep(MAX_POLL_SLEEP_S)
-            except Exception as e:  # noqa: BLE001  logged: the cleanup below must still run
-                log.warning("L2: a late %s transfer failed while finishing: %s", self.backend, e)
-            finally:
-                with contextlib.suppress(Exception):
-                    handle.release()
-                with contextlib.suppress(Exception):
-                    a.agent.deregister_memory(file_reg, backends=[self.backend])
-                try:
-                    if on_late is not None:
-                        on_late()
-                finally:
-                    a.lock.release()
-
-        threading.Thread(target=wait, name="xrt-kv-l2-late", daemon=True).start()
+        except L2Late:
+            self.late_transfers += 1
+            raise
 
     def store(self, items: Sequence[tuple[bytes, int, int | None]]) -> list[bytes]:
         """Write chunks from L1 slots: (key, slot, crc) each (crc None: L1 computes it now), the slots
@@ -378,7 +211,7 @@ class L2Store:
         todo = [(k, s, c) for (k, s, _), c in zip(todo, crcs, strict=True)]
         if not todo:
             return []
-        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tag = temp_tag()
         tmps: list[Path] = []
         renamed: list[Path] = []
         fds: list[int] = []
@@ -503,27 +336,14 @@ class L2Store:
     # ------------------------------------------------------------------ measurements
 
     def read_measurements(self) -> dict[str, Any]:
-        """What an earlier process measured with this directory (policy.py: prefill rates per device, the L2
-        read bandwidth), or {} when nothing (or something unreadable) is there."""
-        try:
-            data = json.loads((self.dir / MEASUREMENTS).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        """What an earlier process measured with this directory (l2_files.read_measurements), or {}."""
+        return read_measurements(self.dir)
 
     def write_measurements(self, data: dict[str, Any]) -> None:
-        """Written to a temp name and renamed (a reader sees the old file or the new one); failures are only
-        logged: they cost the next process a first measurement, nothing else."""
-        if self.error is not None:
-            return
-        tmp = self.dir / f".{MEASUREMENTS}.{os.getpid()}-{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}"
-        try:
-            tmp.write_text(json.dumps(data, sort_keys=True))
-            os.replace(tmp, self.dir / MEASUREMENTS)
-        except OSError as e:
-            log.warning("L2: could not save the measurements: %s", e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        """Saved for the next process (l2_files.write_measurements; failures only logged); nothing without a
+        directory."""
+        if self.error is None:
+            write_measurements(self.dir, data)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -537,7 +357,5 @@ class L2Store:
 
     def close(self) -> None:
         for a in self._agents.values():
-            with a.lock:  # a late transfer finishes first (its thread holds the lock)
-                pass
-            a.close()
+            a.close()  # a late transfer finishes first (its thread holds the lock)
         self._verify.shutdown(wait=True)
