@@ -62,7 +62,8 @@ def main() -> None:
     for which in ("gather pages -> L1", "scatter L1 -> pages"):
         t = time.perf_counter()
         for s, p in zip(slots, ids, strict=True):
-            ev = copier.gather(p, l1.slot_view(s)) if which.startswith("gather") else copier.scatter(l1.slot_view(s), p)
+            view = l1.slot_view(s)
+            ev = copier.gather(p, view) if which.startswith("gather") else copier.scatter_chunks([(view, p, "")])
             if ev is not None:
                 ev.synchronize()
         print(f"{which}:", gbps(n * nb, time.perf_counter() - t))

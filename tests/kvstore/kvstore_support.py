@@ -46,6 +46,32 @@ def key(i: int) -> bytes:
     return i.to_bytes(32, "little")
 
 
+def put_chunk(l1: L1Cache, k: bytes, chunk: torch.Tensor) -> bool:
+    """Copy a chunk into L1 as the tiers do (reserve, write the slot, publish); False when it was there."""
+    slot = l1.reserve(k)
+    if slot is None:
+        return False
+    try:
+        l1.slot_view(slot).copy_(chunk)
+    except BaseException:
+        l1.abort(slot)
+        raise
+    l1.publish(slot)
+    return True
+
+
+def get_chunk(l1: L1Cache, k: bytes, out: torch.Tensor) -> bool:
+    """Copy a chunk out of L1 into `out` (acquire, read the slot, release); False on a miss."""
+    got = l1.acquire(k)
+    if got is None:
+        return False
+    try:
+        out.copy_(l1.slot_view(got[0]))
+    finally:
+        l1.release(got[0])
+    return True
+
+
 # ---------------------------------------------------------------- engine level: the tiny model on CPU, float32
 
 CHUNK = 16  # tokens per chunk: 4 pages of 4 tokens

@@ -40,7 +40,7 @@ def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path,
     assert l2.load([(key(0), other)]).crcs[0] is not None
     l1.publish(other)
     before = kv.clone()
-    done = copier.scatter(l1.slot_view(other), [0, 11])
+    done = copier.scatter_chunks([(l1.slot_view(other), [0, 11], "")])
     torch.cuda.current_stream(device).wait_event(done)
     assert torch.equal(kv[:, 0], before[:, 5]) and torch.equal(kv[:, 11], before[:, 2])
     assert torch.equal(kv[:, 1:11], before[:, 1:11])
@@ -104,7 +104,7 @@ def test_a_pitch_past_the_devices_largest_copies_row_by_row(device: torch.device
     assert kv.stride(0) * 2 > copier._copy.max_pitch  # type: ignore[union-attr]
     slot = torch.randn((2, 3, 2, 16, 8, 128)).to(torch.bfloat16).pin_memory()
     ids = [pages - 3, pages - 2, pages - 1]
-    copier.scatter(slot, ids).synchronize()
+    copier.scatter_chunks([(slot, ids, "")]).synchronize()
     assert torch.equal(kv[:, pages - 3 :].cpu(), slot)
     back = torch.zeros_like(slot).pin_memory()
     copier.gather(ids, back).synchronize()

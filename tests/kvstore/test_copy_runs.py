@@ -112,7 +112,7 @@ def test_a_slot_of_another_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="a slot of 4 pages"):
         copier.gather([1, 2, 3, 4], view.to(torch.float64))
     with pytest.raises(ValueError, match="a slot of 2 pages"):
-        copier.scatter(view[:, ::2], [1, 2])  # each layer's pages not contiguous
+        copier.scatter_chunks([(view[:, ::2], [1, 2], "")])  # each layer's pages not contiguous
     with pytest.raises(ValueError, match="contiguous KV"):
         ChunkCopier(kv.transpose(0, 1))
 

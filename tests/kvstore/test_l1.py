@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from kvstore_support import LAYOUT, chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, get_chunk, key, put_chunk
 
 from xrt.kvstore.chunk import ChunkLayout, checksum
 from xrt.kvstore.copy import ChunkCopier
@@ -23,10 +23,10 @@ def test_put_get_round_trip_and_checksum(layout: ChunkLayout) -> None:
     l1 = L1Cache(layout, 3 * layout.nbytes)
     assert l1.num_slots == 3 and l1.buffer.is_pinned() == torch.cuda.is_available()  # pinned only with CUDA
     chunk = chunk_of(layout, 0)
-    assert l1.put(key(0), chunk)
+    assert put_chunk(l1, key(0), chunk)
     out = torch.empty_like(chunk)
-    assert l1.get(key(0), out) and torch.equal(out, chunk)
-    assert not l1.get(key(1), out)
+    assert get_chunk(l1, key(0), out) and torch.equal(out, chunk)
+    assert not get_chunk(l1, key(1), out)
     slot, crc = l1.acquire(key(0))
     assert crc is None  # not computed until asked (the L2 writer asks)
     assert l1.checksum_of(key(0), slot) == checksum(chunk.contiguous()) == l1.acquire(key(0))[1]
@@ -36,28 +36,28 @@ def test_put_get_round_trip_and_checksum(layout: ChunkLayout) -> None:
 
 def test_put_again_is_a_no_op(layout: ChunkLayout) -> None:
     l1 = L1Cache(layout, 2 * layout.nbytes)
-    assert l1.put(key(0), chunk_of(layout, 0))
-    assert not l1.put(key(0), chunk_of(layout, 1))
+    assert put_chunk(l1, key(0), chunk_of(layout, 0))
+    assert not put_chunk(l1, key(0), chunk_of(layout, 1))
     out = torch.empty(layout.shape, dtype=layout.kv.dtype)
-    assert l1.get(key(0), out) and torch.equal(out, chunk_of(layout, 0))
+    assert get_chunk(l1, key(0), out) and torch.equal(out, chunk_of(layout, 0))
     assert len(l1) == 1
 
 
 def test_lru_eviction_keeps_recently_read(layout: ChunkLayout) -> None:
     l1 = L1Cache(layout, 2 * layout.nbytes)
-    l1.put(key(0), chunk_of(layout, 0))
-    l1.put(key(1), chunk_of(layout, 1))
+    put_chunk(l1, key(0), chunk_of(layout, 0))
+    put_chunk(l1, key(1), chunk_of(layout, 1))
     out = torch.empty(layout.shape, dtype=layout.kv.dtype)
-    assert l1.get(key(0), out)  # key 0 is now the most recently used
-    l1.put(key(2), chunk_of(layout, 2))
+    assert get_chunk(l1, key(0), out)  # key 0 is now the most recently used
+    put_chunk(l1, key(2), chunk_of(layout, 2))
     assert l1.contains(key(0)) and not l1.contains(key(1)) and l1.contains(key(2))
     assert l1.evictions == 1
-    assert l1.get(key(0), out) and torch.equal(out, chunk_of(layout, 0))  # its slot was not reused
+    assert get_chunk(l1, key(0), out) and torch.equal(out, chunk_of(layout, 0))  # its slot was not reused
 
 
 def test_referenced_chunks_are_never_evicted(layout: ChunkLayout) -> None:
     l1 = L1Cache(layout, 2 * layout.nbytes)
-    l1.put(key(0), chunk_of(layout, 0))
+    put_chunk(l1, key(0), chunk_of(layout, 0))
     reading = l1.acquire(key(0))
     writing = l1.reserve(key(1))  # the other slot, being written
     with pytest.raises(L1Full):
@@ -66,7 +66,7 @@ def test_referenced_chunks_are_never_evicted(layout: ChunkLayout) -> None:
     l1.slot_view(writing).copy_(chunk_of(layout, 1))
     l1.publish(writing)
     l1.release(reading[0])
-    l1.put(key(2), chunk_of(layout, 2))  # key 0 was least recently used and is free now
+    put_chunk(l1, key(2), chunk_of(layout, 2))  # key 0 was least recently used and is free now
     assert not l1.contains(key(0)) and l1.contains(key(1))
 
 
@@ -81,7 +81,7 @@ def test_publish_keep_hands_the_writer_reference_to_a_reader(layout: ChunkLayout
     with pytest.raises(L1Full):
         l1.reserve(key(1))
     l1.release(slot)
-    assert l1.put(key(1), chunk_of(layout, 1)) and not l1.contains(key(0))
+    assert put_chunk(l1, key(1), chunk_of(layout, 1)) and not l1.contains(key(0))
 
 
 def test_abort_publishes_nothing_and_frees_the_slot(layout: ChunkLayout) -> None:
@@ -89,7 +89,7 @@ def test_abort_publishes_nothing_and_frees_the_slot(layout: ChunkLayout) -> None
     slot = l1.reserve(key(0))
     l1.abort(slot)
     assert not l1.contains(key(0))
-    assert l1.put(key(1), chunk_of(layout, 1))  # the only slot was handed back
+    assert put_chunk(l1, key(1), chunk_of(layout, 1))  # the only slot was handed back
 
 
 def test_too_small_to_hold_a_chunk(layout: ChunkLayout) -> None:
@@ -106,8 +106,8 @@ def test_threads_share_it(layout: ChunkLayout) -> None:
         out = torch.empty(layout.shape, dtype=layout.kv.dtype)
         for i in range(30):
             k = t * 100 + i % 6
-            l1.put(key(k), chunk_of(layout, k))
-            if l1.get(key(k), out) and not torch.equal(out, chunk_of(layout, k)):
+            put_chunk(l1, key(k), chunk_of(layout, k))
+            if get_chunk(l1, key(k), out) and not torch.equal(out, chunk_of(layout, k)):
                 errors.append(f"key {k}")
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
@@ -129,6 +129,6 @@ def test_gather_scatter_pages(layout: ChunkLayout) -> None:
     view = l1.slot_view(slot)
     assert torch.equal(view[:, 0], kv[:, 7]) and torch.equal(view[:, 1], kv[:, 3])
     before = kv.clone()
-    copier.scatter(view, [0, 9])
+    copier.scatter_chunks([(view, [0, 9], "")])
     assert torch.equal(kv[:, 0], before[:, 7]) and torch.equal(kv[:, 9], before[:, 3])
     assert torch.equal(kv[:, 1:9], before[:, 1:9])  # nothing else written

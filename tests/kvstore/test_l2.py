@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from kvstore_support import LAYOUT, chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, key, put_chunk
 
 from xrt.config import L2Args, L2Backend
 from xrt.kvstore.chunk import ChunkLayout
@@ -35,7 +35,7 @@ def fill(l1: L1Cache, keys: list[int]) -> list[tuple[bytes, int, int]]:
     """Put chunks into L1 and return them as store items, (key, slot, crc), the slots referenced."""
     items = []
     for i in keys:
-        l1.put(key(i), chunk_of(l1.layout, i))
+        put_chunk(l1, key(i), chunk_of(l1.layout, i))
         items.append((key(i), *l1.acquire(key(i))))
     return items
 
@@ -182,7 +182,7 @@ def test_clear_removes_only_this_namespace(tmp_path: Path, l1: L1Cache) -> None:
 
 WRITER = """
 import os, sys, time
-from kvstore_support import LAYOUT, chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, get_chunk, key, put_chunk
 from xrt.config import L2Args
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
@@ -195,7 +195,7 @@ while not os.path.exists(go):  # both start storing at once: their index updates
 for i in range(first, first + n):
     items = []
     for j in (i, 0):  # key 0 is stored by both processes
-        l1.put(key(j), chunk_of(LAYOUT, j))
+        put_chunk(l1, key(j), chunk_of(LAYOUT, j))
         items.append((key(j), *l1.acquire(key(j))))
     l2.store(items)
     for k, s, _ in items:

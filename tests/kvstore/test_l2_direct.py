@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from kvstore_support import LAYOUT, chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, key, put_chunk
 
 from xrt.bench.tiers import stats_diff
 from xrt.config import L2Args, L2Backend
@@ -73,7 +73,7 @@ def round_trip(l1: L1Cache, l2: L2Store, first: int = 0, n: int = 3) -> None:
     chunks = [chunk_of(l1.layout, i) for i in ids]
     items = []
     for i, chunk in zip(ids, chunks, strict=True):
-        assert l1.put(key(i), chunk)
+        assert put_chunk(l1, key(i), chunk)
         slot, _ = l1.acquire(key(i))
         items.append((key(i), slot, None))
     try:

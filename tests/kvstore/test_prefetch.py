@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import torch
-from kvstore_support import LAYOUT, chunk_of, key
+from kvstore_support import LAYOUT, chunk_of, get_chunk, key, put_chunk
 
 from xrt.config import L2Args
 from xrt.kvstore.l1 import L1Cache
@@ -25,7 +25,7 @@ def stored(tmp_path: Path, n: int) -> None:
     l2 = L2Store(L2Args(size_gb=1.0), tmp_path, NS, l1)
     items = []
     for i in range(n):
-        l1.put(key(i), chunk_of(LAYOUT, i))
+        put_chunk(l1, key(i), chunk_of(LAYOUT, i))
         items.append((key(i), *l1.acquire(key(i))))
     assert len(l2.store(items)) == n
     l2.close()
@@ -44,7 +44,7 @@ def test_prefetched_chunks_are_in_l1_verified(tmp_path: Path) -> None:
     pf.flush()
     out = torch.empty(LAYOUT.shape, dtype=LAYOUT.kv.dtype)
     for i in range(5):
-        assert l1.get(key(i), out) and torch.equal(out, chunk_of(LAYOUT, i))
+        assert get_chunk(l1, key(i), out) and torch.equal(out, chunk_of(LAYOUT, i))
     assert stats.prefetched_chunks == 5 and stats.prefetch_bytes == 5 * LAYOUT.nbytes and stats.prefetch_s > 0
     assert pf.take_loaded(key(0)) and not pf.take_loaded(key(0))  # claimed once
     assert not pf.take_loaded(key(99))

@@ -79,10 +79,6 @@ class Sequence:
         return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
-    def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
-
-    @property
     def ttft_s(self) -> float | None:
         return self.token_times_s[0] if self.token_times_s else None
 

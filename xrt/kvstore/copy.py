@@ -155,10 +155,6 @@ class ChunkCopier:
             done.record(self.stream)
         return done
 
-    def scatter(self, slot: torch.Tensor, page_ids: Sequence[int], tag: str = "") -> torch.cuda.Event | None:
-        """The chunk in `slot` into these pages of every layer."""
-        return self.scatter_chunks([(slot, page_ids, tag)])
-
     def scatter_chunks(self, chunks: Sequence[tuple[torch.Tensor, Sequence[int], str]]) -> torch.cuda.Event | None:
         """Each (slot, page ids, tag) into its pages, layer group by layer group; with arrivals, each group's
         event is recorded there for the next forward pass."""

@@ -144,65 +144,27 @@ class L1Cache:
         there by then (the write failed, or is still running: the caller recomputes)."""
         with self._changed:
             self._changed.wait_for(lambda: key in self._entries or key not in self._writing.values(), timeout_s)
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            self._refs[entry.slot] += 1
-            return entry.slot, entry.crc
+            return self._acquire_locked(key)
 
     def acquire(self, key: bytes) -> tuple[int, int | None] | None:
         """(slot, crc or None when not computed yet) of a published chunk, referenced until `release`
         (eviction leaves it alone) and made most recently used; None on a miss."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            self._refs[entry.slot] += 1
-            return entry.slot, entry.crc
+            return self._acquire_locked(key)
+
+    def _acquire_locked(self, key: bytes) -> tuple[int, int | None] | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        self._refs[entry.slot] += 1
+        return entry.slot, entry.crc
 
     def release(self, slot: int) -> None:
         with self._lock:
             if self._refs[slot] <= 0:
                 raise RuntimeError(f"L1 slot {slot} released more often than acquired")
             self._refs[slot] -= 1
-
-    def drop(self, key: bytes) -> bool:
-        """Forget a chunk whose bytes turned out bad; False when absent or still referenced (a reader holds it)."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or self._refs[entry.slot]:
-                return False
-            del self._entries[key]
-            self._free.append(entry.slot)
-            return True
-
-    # ------------------------------------------------------------------ whole chunks
-
-    def put(self, key: bytes, chunk: torch.Tensor) -> bool:
-        """Copy a chunk in (layout shape and dtype); False when it was there already."""
-        slot = self.reserve(key)
-        if slot is None:
-            return False
-        try:
-            self.slot_view(slot).copy_(chunk)
-        except BaseException:
-            self.abort(slot)
-            raise
-        self.publish(slot)
-        return True
-
-    def get(self, key: bytes, out: torch.Tensor) -> bool:
-        """Copy a chunk out into `out`; False on a miss."""
-        got = self.acquire(key)
-        if got is None:
-            return False
-        try:
-            out.copy_(self.slot_view(got[0]))
-        finally:
-            self.release(got[0])
-        return True
 
     def __len__(self) -> int:
         with self._lock:
