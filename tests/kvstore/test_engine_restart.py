@@ -30,8 +30,8 @@ from kvstore_support import (
 
 from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
-from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.connector import GPU, L1, L2
+from xrt.kvstore.l2 import L2Store
 
 
 def test_restart_reads_prefixes_from_l2(diverse_cfg: Callable[..., XrtConfig], tmp_path: Path) -> None:

@@ -38,9 +38,9 @@ from kvstore_support import (
 
 from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
+from xrt.kvstore.connector import GPU, L1, L2
 from xrt.kvstore.index import INDEX, L2Index, parse_data_name
 from xrt.kvstore.keys import chunk_keys
-from xrt.kvstore.connector import GPU, L1, L2
 
 ZERO = {GPU: 0, L1: 0, L2: 0}
 
