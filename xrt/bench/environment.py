@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from xrt.config import XrtConfig
+from xrt.executor.device import resolve_dtype
 from xrt.reflect.dump import to_dict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,17 @@ def git_commit() -> str:
 
 def config_dict(cfg: XrtConfig) -> dict[str, Any]:
     return to_dict(cfg)
+
+
+def scenario_head(scenario: str, cfg: XrtConfig, device: torch.device) -> dict[str, Any]:
+    """The fields a measured line of the throughput, prefix and multiturn scenarios starts with."""
+    return {
+        "scenario": scenario,
+        "status": "ok",
+        "executor": cfg.executor.kind.value,
+        "model": cfg.model.name,
+        "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
+    }
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from xrt.bench.engine_timing import Engine, Output, Progress
-from xrt.bench.environment import adjusted, config_dict, environment
+from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import build_engine, kv_pages
 from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
@@ -51,7 +51,7 @@ from xrt.bench.tiers import (
 )
 from xrt.bench.workload import WARMUP_REP
 from xrt.config import KVTiers, XrtConfig
-from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.device import resolve_device
 from xrt.units import GB
 
 WARMUP_TOKENS = 8  # generated per warm-up request
@@ -95,11 +95,7 @@ def run_multiturn(
     device = resolve_device(cfg)
     root = bench_l2_root(cfg)
     base: dict[str, Any] = {
-        "scenario": "multiturn",
-        "status": "ok",
-        "executor": cfg.executor.kind.value,
-        "model": cfg.model.name,
-        "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
+        **scenario_head("multiturn", cfg, device),
         "clients": b.clients,
         "rounds": b.rounds,
         "turn_len": b.turn_len,

@@ -35,7 +35,7 @@ import attrs
 
 from xrt.bench.disk import drop_directory, probe_disk
 from xrt.bench.engine_timing import Engine, Output, Progress
-from xrt.bench.environment import adjusted, config_dict, environment
+from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import build_engine, kv_pages
 from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
@@ -61,7 +61,7 @@ from xrt.bench.tiers import (
 )
 from xrt.bench.workload import WARMUP_REP, random_prompts
 from xrt.config import KVTiers, XrtConfig
-from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.device import resolve_device
 from xrt.kvstore.stats import is_level
 from xrt.units import GB
 
@@ -142,11 +142,7 @@ def run_prefix(
                 f"({disk['disk_read_mode']}), {disk['disk_probe_bytes'] / 1e6:.0f} MB",
             )
         base: dict[str, Any] = {
-            "scenario": "prefix",
-            "status": "ok",
-            "executor": cfg.executor.kind.value,
-            "model": cfg.model.name,
-            "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
+            **scenario_head("prefix", cfg, device),
             "chunk_tokens": cfg.cache.chunk_tokens,
             "l2_load_policy": cfg.cache.l2.load_policy.value,
             "page_size": cfg.cache.page_size,

@@ -9,13 +9,13 @@ from typing import Any
 
 from xrt.bench.clock import StepClock
 from xrt.bench.engine_timing import Engine, Progress, check_outputs, drive, submit
-from xrt.bench.environment import adjusted, config_dict, environment
+from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import build_engine, close_engine, free_memory
 from xrt.bench.results import Record
 from xrt.bench.setup import bench_config
 from xrt.bench.workload import WARMUP_REP, prompts_of_lengths, random_lengths
 from xrt.config import XrtConfig
-from xrt.executor.device import resolve_device, resolve_dtype
+from xrt.executor.device import resolve_device
 
 WARMUP_REQUESTS = 4
 
@@ -53,11 +53,7 @@ def run_throughput(
     wall = statistics.median(walls)
     tokens_in, tokens_out = sum(in_lens), sum(out_lens)
     rec: dict[str, Any] = {
-        "scenario": "throughput",
-        "status": "ok",
-        "executor": cfg.executor.kind.value,
-        "model": cfg.model.name,
-        "dtype": str(resolve_dtype(cfg, device)).removeprefix("torch."),
+        **scenario_head("throughput", cfg, device),
         "num_requests": b.num_requests,
         "min_len": b.min_len,
         "max_len": b.max_len,
