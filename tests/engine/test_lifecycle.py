@@ -25,9 +25,10 @@ from xrt.kvstore.l2_files import MEASUREMENTS
 SAMPLING = SamplingArgs(max_tokens=4, ignore_eos=True)
 
 
-def engine_threads() -> set[str]:
-    """Names of the live threads xrt starts (the tiers', tensor parallelism's)."""
-    return {t.name for t in threading.enumerate() if t.name.startswith("xrt-")}
+def engine_threads() -> set[threading.Thread]:
+    """The live threads xrt starts (the tiers', tensor parallelism's): compared as objects, since an engine an
+    earlier test left open has threads of the same names."""
+    return {t for t in threading.enumerate() if t.name.startswith("xrt-")}
 
 
 def children() -> set[int]:
@@ -49,7 +50,8 @@ def test_close_stops_the_tier_threads_and_writes_the_measurements(
     cache = attrs.evolve(cache, l2=attrs.evolve(cache.l2, prefetch=True))
     with xrt.LLM(diverse_cfg(cache=cache)) as llm:
         llm.generate(prompts(), SAMPLING, use_tqdm=False)
-        assert engine_threads() - before >= {"xrt-kv-l2", "xrt-kv-prefetch"}  # what close must stop
+        started = engine_threads() - before
+        assert {t.name for t in started} >= {"xrt-kv-l2", "xrt-kv-prefetch"}  # what close must stop
         stats = llm.stats()
         assert stats["tiers"].as_dict()["stored_chunks_l2"] > 0  # the writer went through its queue first
     assert engine_threads() - before == set()

@@ -11,20 +11,33 @@ load's agreement is what counts, so a chunk another rank lacks costs a recompute
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
+
+import numpy as np
 
 from xrt.distributed.kv_wire import encode_kv_keys, encode_kv_load, encode_kv_store
 from xrt.distributed.wire import Kind
 from xrt.kvstore.peers import LoadChunk, StoreChunk
 from xrt.kvstore.stats import RANK_COUNTERS
 from xrt.ops.collectives import min_over_ranks, sum_over_ranks
+from xrt.ops.parallel_state import TPState
 
-if TYPE_CHECKING:
-    from xrt.distributed.driver import TPRunner
+T = TypeVar("T")
+
+
+class StepSender(Protocol):
+    """What KVPeers needs of rank 0's runner (`TPRunner`): its messages, in order with the steps."""
+
+    tp_state: TPState
+
+    @property
+    def closed(self) -> bool: ...
+
+    def send_then(self, kind: Kind, payload: np.ndarray | None, then: Callable[[], T]) -> T: ...
 
 
 class KVPeers:
-    def __init__(self, runner: TPRunner) -> None:
+    def __init__(self, runner: StepSender) -> None:
         self._runner = runner
         self._tp = runner.tp_state  # the agreements' group
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -40,7 +39,7 @@ from xrt.kvstore.agent import TierAgent
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import ChunkKeyCache
 from xrt.kvstore.l1 import L1Full
-from xrt.kvstore.loads import Loader
+from xrt.kvstore.loads import Loader, TieredHit
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
 from xrt.kvstore.prefetch import Prefetcher, leading_run
@@ -51,17 +50,6 @@ __all__ = ["GPU", "L1", "L2", "TierStats", "TieredConnector", "TieredHit"]
 
 # L1 keys of the start-up bandwidth probe's scratch slots (29 bytes: never a 32-byte sha256 chunk key)
 PROBE_KEY = b"xrt-l2-bandwidth-probe-slot-"
-
-
-@dataclass(frozen=True, slots=True)
-class TieredHit(PrefixHit):
-    """A prefix hit that continues past its GPU pages: `chunks[i]` = (chunk index, key, tier) for the chunks
-    after the GPU part, in order; num_tokens counts them. skipped: an L2 run the policy would not load (counted
-    at admission)."""
-
-    chunks: tuple[tuple[int, bytes, str], ...] = ()
-    gpu_tokens: int = 0
-    skipped: bool = False
 
 
 class TieredConnector:
@@ -76,7 +64,7 @@ class TieredConnector:
         self.policy = LoadPolicy()
         self.measured = cache.l2.load_policy is L2LoadPolicy.MEASURED
         self.prefill_clock = PrefillClock(agent.copier.kv.device)
-        self.loader = Loader(self)
+        self.loader = Loader(agent, self.policy, self.measured, peers)
         self.pages: PagePins | None = None
         self._peer_stores: list[tuple[bytes, list[int]]] = []  # the other ranks' part of the stores (key, pages)
         self._closed = False

@@ -9,23 +9,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from xrt.kvcache.interface import KVSeq
+from xrt.kvcache.interface import KVSeq, PrefixHit
+from xrt.kvstore.agent import TierAgent
 from xrt.kvstore.l1 import L1Full
+from xrt.kvstore.peers import TierPeers
+from xrt.kvstore.policy import LoadPolicy
 from xrt.kvstore.prefetch import PREFETCH_WAIT_S
 from xrt.kvstore.stats import L1, L2
 
-if TYPE_CHECKING:
-    from xrt.kvstore.connector import TieredConnector, TieredHit
+
+@dataclass(frozen=True, slots=True)
+class TieredHit(PrefixHit):
+    """A prefix hit that continues past its GPU pages: `chunks[i]` = (chunk index, key, tier) for the chunks
+    after the GPU part, in order; num_tokens counts them. skipped: an L2 run the policy would not load (counted
+    at admission)."""
+
+    chunks: tuple[tuple[int, bytes, str], ...] = ()
+    gpu_tokens: int = 0
+    skipped: bool = False
 
 
 class Loader:
-    def __init__(self, connector: TieredConnector) -> None:
-        self.c = connector
-        self.agent = connector.agent
-        self.l1, self.l2, self.stats, self.policy = connector.l1, connector.l2, connector.stats, connector.policy
-        self.load_batch = self.agent.load_batch
+    def __init__(self, agent: TierAgent, policy: LoadPolicy, measured: bool, peers: TierPeers | None) -> None:
+        """measured: cache.l2.load_policy=measured (else every L2 chunk is loaded, without deadlines)."""
+        self.agent, self.policy, self.measured, self.peers = agent, policy, measured, peers
+        self.l1, self.l2, self.stats = agent.l1, agent.l2, agent.stats
+        self.layout = agent.layout
+        self.chunk_tokens, self.ppc = self.layout.chunk_tokens, self.layout.pages_per_chunk
+        self.load_batch = agent.load_batch
 
     def _decisions(self) -> int:
         """Loads the policy cut short so far (a recompute chosen, not a failure)."""
@@ -34,10 +47,10 @@ class Loader:
     def load_everywhere(self, seq: KVSeq, hit: TieredHit) -> list[str]:
         """The tier of each leading chunk of the hit that is now in the pages: this rank's load, cut to what every
         rank loaded."""
-        peers = self.c.peers
+        peers = self.peers
         if peers is None:
             return self.load(seq, hit)
-        ppc, gpu_pages = self.c.ppc, len(hit.pages)
+        ppc, gpu_pages = self.ppc, len(hit.pages)
         mine: list[str] = []
 
         def local() -> int:
@@ -46,8 +59,8 @@ class Loader:
 
         # the other ranks' L2 read batches get the deadline rank 0's own batches get: a slow disk on any rank
         # shortens the agreed load instead of holding every rank past the recompute time
-        n, ct = self.load_batch, self.c.chunk_tokens
-        deadline = self.policy.deadline_s(n * ct, n * self.c.layout.nbytes) if self.c.measured else None
+        n, ct = self.load_batch, self.chunk_tokens
+        deadline = self.policy.deadline_s(n * ct, n * self.layout.nbytes) if self.measured else None
         agreed = peers.load([(key, seq.page_table[c * ppc : (c + 1) * ppc], max(0, gpu_pages - c * ppc))
                              for c, key, _ in hit.chunks], local, deadline)
         if agreed < len(mine):
@@ -56,7 +69,7 @@ class Loader:
 
     def load(self, seq: KVSeq, hit: TieredHit) -> list[str]:
         """Fill the tier chunks' fresh pages on this rank; the tier of each leading chunk now in the pages."""
-        ppc, gpu_pages = self.c.ppc, len(hit.pages)
+        ppc, gpu_pages = self.ppc, len(hit.pages)
         tiers: list[str] = []
         # L2 chunks first, in batches, into L1 slots; L1 chunks are read from their slots.
         l2_chunks = [(c, k) for c, k, tier in hit.chunks if tier == L2]
@@ -103,11 +116,11 @@ class Loader:
         # another thread's write: a prefetch reading a batch from L2. Wait only if such a read is worth it, and at
         # most what recomputing the batch it delivers would take.
         n = min(chunks_left, self.load_batch)
-        tokens, nbytes = n * self.c.chunk_tokens, n * self.c.layout.nbytes
-        if self.c.measured and not self.policy.worth_loading(tokens, nbytes):
+        tokens, nbytes = n * self.chunk_tokens, n * self.layout.nbytes
+        if self.measured and not self.policy.worth_loading(tokens, nbytes):
             self.stats.skipped_slow += 1
             return None
-        limit = self.policy.deadline_s(tokens, nbytes) if self.c.measured else PREFETCH_WAIT_S
+        limit = self.policy.deadline_s(tokens, nbytes) if self.measured else PREFETCH_WAIT_S
         start = time.perf_counter()
         got = self.l1.acquire_when_written(key, limit)
         self.stats.prefetch_wait_s += time.perf_counter() - start
@@ -122,7 +135,7 @@ class Loader:
         load was cut short on purpose (policy, deadline, full L1), not failed."""
         assert self.l2 is not None
         out: dict[int, int] = {}
-        ct, nbytes, measured = self.c.chunk_tokens, self.c.layout.nbytes, self.c.measured
+        ct, nbytes, measured = self.chunk_tokens, self.layout.nbytes, self.measured
         i = 0
         while i < len(chunks):
             fresh: list[tuple[int, bytes, int]] = []
