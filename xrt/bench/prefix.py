@@ -281,18 +281,24 @@ def l2_choice(l2_tokens: int, whole: int) -> str:
     return "loaded" if l2_tokens >= whole else "partly loaded"
 
 
+def l2_load_gbps(stats: dict[str, float]) -> float | None:
+    """The L2 load bandwidth of a phase's tier counters (stats_diff): the bytes its L2 reads moved over the
+    seconds they took, at admission and by the prefetch thread (which a request queued on an idle engine starts
+    at once); None without an L2 read."""
+    loaded = (stats.get("loaded_bytes_l2") or 0) + (stats.get("prefetch_bytes") or 0)
+    seconds = (stats.get("load_s_l2") or 0) + (stats.get("prefetch_s") or 0)
+    return loaded / seconds / 1e9 if loaded and seconds else None
+
+
 def _run(
     served: dict[str, int], whole: int, stats: dict[str, float], drop: dict[str, Any], got: _Phases, i: int
 ) -> dict[str, Any]:
     """One iteration's restart figures: the L2 policy's choice, its load bandwidth, the page cache drop."""
-    # at admission and by the prefetch thread (which a request queued on an idle engine starts at once)
-    loaded = (stats.get("loaded_bytes_l2") or 0) + (stats.get("prefetch_bytes") or 0)
-    seconds = (stats.get("load_s_l2") or 0) + (stats.get("prefetch_s") or 0)
     outputs = {p: got.tokens[p][i] for p in PHASES}
     return {
         "l2_choice": l2_choice(served["l2"], whole),
         "l2_tokens": served["l2"],
-        "l2_load_gbps": loaded / seconds / 1e9 if loaded and seconds else None,
+        "l2_load_gbps": l2_load_gbps(stats),
         "l2_skipped_slow": stats.get("skipped_slow"),
         "l2_abandoned_loads": stats.get("abandoned_loads"),
         "page_cache": drop["status"],
