@@ -102,16 +102,12 @@ def _qk_norm_rope_kernel(
         tl.store(dst + c_kv_stride + half, v2.to(cache_ty), mask=kv_live)
 
 
-def _check_args(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
+def _run(
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor, kv_cache: torch.Tensor | None, slot_mapping: torch.Tensor | None,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, pdl: bool | None,
 ) -> None:
+    """Both ops: their arguments checked, then one launch; kv_cache None: no cache write (slot_mapping unused)."""
     width = (num_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1:
         raise ValueError(f"qk_norm_rope qkv: expected [tokens, {width}] with unit last stride "
@@ -124,28 +120,17 @@ def _check_args(
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim or cos_sin_cache.stride(1) != 1:
         raise ValueError(f"qk_norm_rope: cos_sin_cache must be [max_pos, {head_dim}] with unit last stride, "
                          f"got shape {tuple(cos_sin_cache.shape)}")
-    if positions.shape != (qkv.shape[0],):
-        raise ValueError(f"qk_norm_rope: positions must be [{qkv.shape[0]}], got {tuple(positions.shape)}")
-
-
-def _launch(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    kv_cache: torch.Tensor | None,
-    slot_mapping: torch.Tensor | None,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    pdl: bool | None,
-) -> None:
     n_tokens = qkv.shape[0]
+    if positions.shape != (n_tokens,):
+        raise ValueError(f"qk_norm_rope: positions must be [{n_tokens}], got {tuple(positions.shape)}")
+    store = kv_cache is not None
+    if store:
+        check_kv_cache(kv_cache, num_kv_heads, head_dim)
+        if slot_mapping.shape != (n_tokens,):
+            raise ValueError(f"qk_norm_rope_store_kv: slot_mapping must be [{n_tokens}], "
+                             f"got {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
         return
-    store = kv_cache is not None
     # Without a cache the pointer/stride arguments are dead (STORE_KV is a constexpr); pass qkv as a stand-in.
     cache = kv_cache if store else qkv
     slots = slot_mapping if store else positions
@@ -164,42 +149,18 @@ def _launch(
 
 
 def qk_norm_rope(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    pdl: bool | None = None,
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, pdl: bool | None = None,
 ) -> None:
     """In place on the q and k heads of qkv; v untouched. pdl: `launch.pdl`'s wanted."""
-    _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim)
-    _launch(qkv, q_weight, k_weight, cos_sin_cache, positions, None, None, num_heads, num_kv_heads, head_dim, eps,
-            pdl)
+    _run(qkv, q_weight, k_weight, cos_sin_cache, positions, None, None, num_heads, num_kv_heads, head_dim, eps, pdl)
 
 
 def qk_norm_rope_store_kv(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    pdl: bool | None = None,
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, pdl: bool | None = None,
 ) -> None:
     """qk_norm_rope, then store_kv of the rotated k heads and the v heads, in one launch."""
-    _check_args(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim)
-    check_kv_cache(kv_cache, num_kv_heads, head_dim)
-    if slot_mapping.shape != (qkv.shape[0],):
-        raise ValueError(f"qk_norm_rope_store_kv: slot_mapping must be [{qkv.shape[0]}], "
-                         f"got {tuple(slot_mapping.shape)}")
-    _launch(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
-            num_heads, num_kv_heads, head_dim, eps, pdl)
+    _run(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
+         num_heads, num_kv_heads, head_dim, eps, pdl)
