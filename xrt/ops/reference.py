@@ -52,16 +52,8 @@ def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     "SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, float eps, bool? pdl=None) -> ()"
 )
 def qk_norm_rope(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    pdl: bool | None = None,
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, pdl: bool | None = None,
 ) -> None:
     """In place on the q and k heads of qkv [T, (H + 2 KV) * D]: per-head RMSNorm, then NeoX RoPE
     (cos_sin_cache[pos] = cat(cos, sin), each D/2 wide); v untouched."""
@@ -110,18 +102,9 @@ def store_kv(
     "float eps, bool? pdl=None) -> ()"
 )
 def qk_norm_rope_store_kv(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    pdl: bool | None = None,
+    qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, pdl: bool | None = None,
 ) -> None:
     """qk_norm_rope, then store_kv of the rotated k heads and the v heads of qkv."""
     qk_norm_rope(qkv, q_weight, k_weight, cos_sin_cache, positions, num_heads, num_kv_heads, head_dim, eps)
