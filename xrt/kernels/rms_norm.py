@@ -14,43 +14,36 @@ from xrt.kernels.launch import pdl as launch_pdl
 
 
 @triton.jit
-def _rms_norm_kernel(
-    x_ptr,
-    out_ptr,
-    w_ptr,
-    x_row_stride,
-    out_row_stride,
-    n_cols,
-    eps,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
-):
+def _enter_row(n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Both kernels' start: pdl_enter (before any load), then this program's row, its BLOCK columns and their mask
+    (those < n_cols)."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    return row, cols, cols < n_cols
+
+
+@triton.jit
+def _norm_factors(x, w_ptr, cols, mask, n_cols, eps):
+    """The factors of x (an fp32 row of BLOCK, zero past n_cols) normalised: 1 / RMS(x) and the weight, fp32."""
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return rstd, w
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, out_ptr, w_ptr, x_row_stride, out_row_stride, n_cols, eps,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row, cols, mask = _enter_row(n_cols, BLOCK, PDL)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd, w = _norm_factors(x, w_ptr, cols, mask, n_cols, eps)
     tl.store(out_ptr + row * out_row_stride + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _fused_add_rms_norm_kernel(
-    x_ptr,
-    res_ptr,
-    w_ptr,
-    x_row_stride,
-    res_row_stride,
-    n_cols,
-    eps,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_enter(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, x_row_stride, res_row_stride, n_cols, eps,
+                               BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row, cols, mask = _enter_row(n_cols, BLOCK, PDL)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     # Round the sum to the residual dtype before normalising: the stored residual is what the
@@ -58,8 +51,7 @@ def _fused_add_rms_norm_kernel(
     s = (x + r).to(res_ptr.dtype.element_ty)
     tl.store(res_ptr + row * res_row_stride + cols, s, mask=mask)
     s32 = s.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(s32 * s32, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd, w = _norm_factors(s32, w_ptr, cols, mask, n_cols, eps)
     tl.store(x_ptr + row * x_row_stride + cols, (s32 * rstd * w).to(x_ptr.dtype.element_ty), mask=mask)
 
 
