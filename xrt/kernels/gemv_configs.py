@@ -1,0 +1,153 @@
+"""The skinny GEMM's launch configs (`xrt.kernels.gemv`, which re-exports these names): `GemvConfig` and its
+checks, the H200 measurements, `prefer_gemv` (where the kernel beats cuBLAS), the heuristic for unmeasured
+shapes, and the candidates scripts/bench_gemv.py times. Fixed per shape, never autotuned."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import triton
+
+# Programs wanted per launch: about four per SM on a 132-SM H100/H200, enough memory requests in flight.
+_TARGET_PROGRAMS = 512
+# w elements one FMA program loads per K step: 16 KB in bf16, 64 per thread at 4 warps, no spills.
+_FMA_TILE_ELEMS = 8192
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    split_k: int = 1
+    use_dot: bool = False
+    num_stages: int = 1
+
+    def __str__(self) -> str:
+        kind = "dot" if self.use_dot else "fma"
+        return (f"{kind} m{self.block_m} n{self.block_n} k{self.block_k} w{self.num_warps} "
+                f"s{self.split_k}" + (f" st{self.num_stages}" if self.use_dot else ""))
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def check_config(cfg: GemvConfig) -> None:
+    for name in ("block_m", "block_n", "block_k", "num_warps"):
+        if not _pow2(getattr(cfg, name)):
+            raise ValueError(f"gemv config {name}: expected a power of two, got {getattr(cfg, name)}")
+    if cfg.split_k < 1 or cfg.num_stages < 1:
+        raise ValueError(f"gemv config split_k and num_stages: expected >= 1, got {cfg.split_k}, {cfg.num_stages}")
+    if not cfg.use_dot and cfg.block_m > 4:
+        raise ValueError(f"gemv config: the FMA path holds at most 4 rows (block_m <= 4), got {cfg}")
+    if cfg.use_dot and min(cfg.block_m, cfg.block_n, cfg.block_k) < 16:
+        raise ValueError(f"gemv config: the dot path needs block_m, block_n, block_k >= 16, got {cfg}")
+
+
+def _split_k(K: int, block_k: int, tiles: int) -> int:
+    """K splits bringing the programs up to about half the target, dividing the K steps evenly (no empty split)."""
+    if tiles >= _TARGET_PROGRAMS // 2:
+        return 1
+    steps = triton.cdiv(K, block_k)
+    want = min(steps, triton.cdiv(_TARGET_PROGRAMS // 2, tiles))
+    return max(d for d in range(1, want + 1) if steps % d == 0)
+
+
+# Winners of scripts/bench_gemv.py on the H200 (bench/results/h200-microbench/gemv.md), keyed (N, K, M):
+# the Qwen3-0.6B decode shapes at M = 1 and 8.
+_MEASURED = {
+    (4096, 1024, 1): GemvConfig(1, 2, 512, 2),
+    (1024, 2048, 1): GemvConfig(1, 2, 1024, 4),
+    (6144, 1024, 1): GemvConfig(1, 2, 512, 2),
+    (1024, 3072, 1): GemvConfig(1, 1, 1024, 4),
+    (151936, 1024, 1): GemvConfig(1, 2, 512, 2),
+    (1024, 2048, 8): GemvConfig(4, 4, 512, 2),
+    (1024, 3072, 8): GemvConfig(4, 4, 512, 2),
+    (151936, 1024, 8): GemvConfig(16, 32, 256, 4, use_dot=True, num_stages=3),
+}
+
+
+def prefer_gemv(M: int, N: int, K: int) -> bool:
+    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1; at M = 8 only
+    narrow outputs (o_proj, down) and lm_head, while cuBLAS won qkv and gate_up (figures: bench/NOTES.md)."""
+    if M == 1:
+        return True
+    return M <= 8 and (N <= 2048 or N >= 65536)
+
+
+def pick_config(M: int, N: int, K: int) -> GemvConfig:
+    """Fixed config for a shape (dtype-agnostic, tuned for 16-bit): the H200 measurement where there is one
+    (M rounded up to the measured 1 or 8), else a heuristic."""
+    return _MEASURED.get((N, K, 1 if M == 1 else 8 if M <= 8 else 0)) or heuristic_config(M, N, K)
+
+
+@functools.lru_cache(maxsize=4096)
+def heuristic_config(M: int, N: int, K: int) -> GemvConfig:
+    """The config rules used before measurement (and for unmeasured shapes)."""
+    if M <= 4:
+        block_k = min(triton.next_power_of_2(K), 1024)
+        # x rows get the w tile's register layout only when one K step spans all warps at 8 elements a thread
+        # (256 * num_warps); otherwise the compiler shuffles w through shared memory.
+        num_warps = max(1, min(4, block_k // 256))
+        block_m = triton.next_power_of_2(M)
+        block_n = max(1, _FMA_TILE_ELEMS // (block_k * block_m))
+        # Narrow tiles before splitting K: more programs and no fix-up.
+        while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
+            block_n //= 2
+        return GemvConfig(block_m, block_n, block_k, num_warps, _split_k(K, block_k, triton.cdiv(N, block_n)))
+    if M <= 16:
+        block_k = max(16, min(triton.next_power_of_2(K), 256))
+        # Narrower tiles for small N, so that K is split in at most a few parts.
+        block_n = 32 if triton.cdiv(N, 32) >= _TARGET_PROGRAMS // 4 else 16
+        split = _split_k(K, block_k, triton.cdiv(N, block_n))
+        return GemvConfig(16, block_n, block_k, num_warps=4, split_k=split, use_dot=True, num_stages=3)
+    # Larger M is not this kernel's target (cuBLAS wins there): a plain tensor-core tiling, kept correct.
+    block_k = max(16, min(triton.next_power_of_2(K), 64))
+    return GemvConfig(min(64, triton.next_power_of_2(M)), 64, block_k, num_warps=4, use_dot=True, num_stages=3)
+
+
+def _fma_fits(cfg: GemvConfig, K: int) -> bool:
+    """Register budget of the FMA path (checked with ptxas for sm_90): fp32 accumulators per thread, and w
+    elements per thread over the whole unrolled K range (the loads of every step are hoisted together)."""
+    threads = 32 * cfg.num_warps
+    k_range = triton.cdiv(K, cfg.split_k * cfg.block_k) * cfg.block_k
+    return (cfg.block_m * cfg.block_n * cfg.block_k // threads <= 128
+            and cfg.block_n * k_range // threads <= 192)
+
+
+def candidate_configs(M: int, N: int, K: int) -> list[GemvConfig]:
+    """A few plausible configs for a shape, the heuristic's first, for scripts/bench_gemv.py to time."""
+    out = [pick_config(M, N, K)]
+
+    def add(cfg: GemvConfig) -> None:
+        if cfg not in out:
+            out.append(cfg)
+
+    kp = triton.next_power_of_2(K)
+    if M <= 8:
+        block_m = min(4, triton.next_power_of_2(M))
+        for warps in (2, 4, 8):
+            block_k = min(256 * warps, kp)
+            if block_k < 256 * warps and warps > max(1, kp // 256):
+                continue
+            for block_n in (1, 2, 4, 8, 16):
+                cfg = GemvConfig(block_m, block_n, block_k, warps)
+                if _fma_fits(cfg, K) and triton.cdiv(N, block_n) >= 132:
+                    add(cfg)
+        if triton.cdiv(N, 8) < _TARGET_PROGRAMS:
+            for warps in (2, 4):
+                block_k = min(256 * warps, kp)
+                for split in (2, 3, 4):
+                    cfg = GemvConfig(block_m, 8 // block_m if block_m > 1 else 8, block_k, warps, split_k=split)
+                    if triton.cdiv(K, block_k) % split == 0 and _fma_fits(cfg, K):
+                        add(cfg)
+    if M >= 2:
+        block_m = 16 if M <= 16 else min(64, triton.next_power_of_2(M))
+        for block_n, block_k, stages in ((16, 256, 3), (32, 256, 3), (32, 128, 4), (64, 128, 3), (16, 512, 2)):
+            block_k = max(16, min(block_k, kp))
+            for split in sorted({1, _split_k(K, block_k, triton.cdiv(N, block_n))}):
+                add(GemvConfig(block_m, block_n, block_k, 4, split_k=split, use_dot=True, num_stages=stages))
+    return out
