@@ -130,7 +130,7 @@ def test_a_dead_writer_is_restarted(diverse_cfg: Callable[..., XrtConfig], tmp_p
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     tiers = tiers_of(llm)
-    assert tiers.l2 is not None and tiers.writer is not None
+    assert tiers.l2 is not None and tiers.agent.writer is not None
     real_store = tiers.l2.store
     calls = {"n": 0}
 
@@ -141,12 +141,12 @@ def test_a_dead_writer_is_restarted(diverse_cfg: Callable[..., XrtConfig], tmp_p
         return real_store(items)
 
     monkeypatch.setattr(tiers.l2, "store", store_once_fatal)
-    dead = tiers.writer._thread
+    dead = tiers.agent.writer._thread
     outputs(llm, [prompts(0)[0]])
     assert dead is not None
     dead.join(timeout=10)  # it died of Boom; a later commit (or flush) noticed and started another
     tiers.flush()
-    assert not dead.is_alive() and tiers.writer._thread is not dead and tiers.writer._thread.is_alive()
+    assert not dead.is_alive() and tiers.agent.writer._thread is not dead and tiers.agent.writer._thread.is_alive()
     outputs(llm, [prompts(0)[1]])
     tiers.flush()
     s = tiers.stats
@@ -163,7 +163,7 @@ def test_failing_stores_turn_the_l2_store_off(diverse_cfg: Callable[..., XrtConf
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path)))
     tiers = tiers_of(llm)
-    assert tiers.l2 is not None and tiers.writer is not None
+    assert tiers.l2 is not None and tiers.agent.writer is not None
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise L2Error("injected: the disk is gone")
@@ -174,7 +174,7 @@ def test_failing_stores_turn_the_l2_store_off(diverse_cfg: Callable[..., XrtConf
         outputs(llm, [[rng.randrange(3, 2000) for _ in range(CHUNK + 1)]])
         tiers.flush()  # one batch per prompt
     s = tiers.stats
-    assert s.store_errors == MAX_CONSECUTIVE_ERRORS and tiers.writer.off is not None
+    assert s.store_errors == MAX_CONSECUTIVE_ERRORS and tiers.agent.writer.off is not None
     assert s.dropped_l2 == 2 and s.stored_l2 == 0  # refused once off
     assert not list(tmp_path.glob("xrt-kv-*/*.kv")) and not list(tmp_path.glob("xrt-kv-*/.*.tmp"))
     assert not any(tiers.l1._refs)

@@ -24,7 +24,7 @@ def test_a_queued_request_is_prefetched(diverse_cfg: Callable[..., XrtConfig], t
     cfg = diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, prefetch=True), scheduler=SchedulerArgs(max_num_seqs=1))
     llm = LLM(cfg)
     tiers = tiers_of(llm)
-    assert tiers.prefetcher is not None
+    assert tiers.agent.prefetcher is not None
     long = SamplingArgs(max_tokens=40, ignore_eos=True)
     other = prompts(1)[1]
     outs = llm.generate([other, prompts(0)[2]], [long, SAMPLING], use_tqdm=False)
@@ -41,7 +41,7 @@ def test_prefetch_off_loads_at_admission(diverse_cfg: Callable[..., XrtConfig], 
     tiers_of(first).close()
     cfg = diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, prefetch=False))
     llm = LLM(cfg)
-    assert tiers_of(llm).prefetcher is None
+    assert tiers_of(llm).agent.prefetcher is None
     out = llm.generate([prompts(0)[2]], SAMPLING, use_tqdm=False)[0]
     s = tiers_of(llm).stats
     assert out.cached_tokens[L2] == 5 * CHUNK and s.prefetched_chunks == 0
@@ -57,7 +57,7 @@ def test_a_request_admitted_at_once_is_not_prefetched(diverse_cfg: Callable[...,
     tiers_of(first).close()
     llm = LLM(diverse_cfg(cache=cache(KVTiers.L1_L2, tmp_path, prefetch=True), scheduler=SchedulerArgs(max_num_seqs=1)))
     tiers = tiers_of(llm)
-    assert tiers.prefetcher is not None
+    assert tiers.agent.prefetcher is not None
     asked: list[int] = []  # the prompt lengths the engine asked the tiers to prefetch
     prefetch = tiers.prefetch
     tiers.prefetch = lambda ids: (asked.append(len(ids)), prefetch(ids))[1]  # type: ignore[method-assign]

@@ -31,8 +31,8 @@ def shard(path: Path, rank: int = 1) -> KVShard:
 def pages_of(s: KVShard, pages: list[int]) -> torch.Tensor:
     """The pages as this rank's next forward pass reads them: it takes the KV cache's arrivals first, which starts
     the loads deferred to it (on CPU, done when started)."""
-    s.arrivals.take()
-    return s.copier.kv[:, pages].clone()
+    s.agent.arrivals.take()
+    return s.agent.copier.kv[:, pages].clone()
 
 
 def test_stored_chunks_come_back_from_l1_then_l2(tmp_path: Path) -> None:
@@ -44,10 +44,10 @@ def test_stored_chunks_come_back_from_l1_then_l2(tmp_path: Path) -> None:
     assert all(s.l1.contains(s._key(k)) for k in keys) and not s.l1.contains(s._key(bytes(32)))
     dst = [[10, 11], [12, 13], [14, 15]]
     # the middle chunk is unknown: the load stops before it, the third chunk is not scattered
-    before = s.copier.kv[:, dst[0]].clone()
+    before = s.agent.copier.kv[:, dst[0]].clone()
     assert s.load([(keys[0], dst[0], 0), (bytes(32), dst[1], 0), (keys[2], dst[2], 0)]) == 1
     # the copy up waits for the next forward pass (which queues its own uploads first), then lands whole
-    assert s.arrivals.pending() and torch.equal(s.copier.kv[:, dst[0]], before)
+    assert s.agent.arrivals.pending() and torch.equal(s.agent.copier.kv[:, dst[0]], before)
     torch.testing.assert_close(pages_of(s, dst[0]), want[0])
     assert not torch.equal(pages_of(s, dst[2]), want[2])
     s.flush()
@@ -119,9 +119,9 @@ def test_a_prefetch_reads_this_ranks_l2_and_the_load_takes_it(tmp_path: Path) ->
     load = [(k, [10 + 2 * i, 11 + 2 * i], 0) for i, k in enumerate(keys)]
 
     done = shard(tmp_path)  # the prefetch ends before the load: the chunks are L1's
-    assert done.prefetcher is not None
+    assert done.agent.prefetcher is not None
     done.prefetch([*keys, bytes(32)])  # the unknown fourth chunk ends the run
-    done.prefetcher.flush()
+    done.agent.prefetcher.flush()
     assert done.stats.prefetched_chunks == 3 and all(done.l1.contains(done._key(k)) for k in keys)
     assert done.load(load) == 3
     torch.testing.assert_close(pages_of(done, list(range(10, 16))), torch.cat(want, dim=1))

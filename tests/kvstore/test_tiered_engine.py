@@ -93,13 +93,13 @@ def test_one_copy_up_for_a_steps_admissions(diverse_cfg: Callable[..., XrtConfig
     assert outputs(llm, prompts(0)) == want
     llm.engine.scheduler.kv.evict()
     calls: list[int] = []
-    scatter = tiers.copier.scatter_chunks
+    scatter = tiers.agent.copier.scatter_chunks
 
     def counted(chunks):  # type: ignore[no-untyped-def]
         calls.append(len(chunks))
         return scatter(chunks)
 
-    monkeypatch.setattr(tiers.copier, "scatter_chunks", counted)
+    monkeypatch.setattr(tiers.agent.copier, "scatter_chunks", counted)
     before = tiers.stats.hit_tokens[L1]
     assert outputs(llm, prompts(0)) == want
     loaded = tiers.stats.hit_tokens[L1] - before
@@ -189,7 +189,7 @@ def test_a_stalled_l2_never_blocks_generation(diverse_cfg: Callable[..., XrtConf
     rng = random.Random(1)
     # 120 chunks: more than the writer's queue (half of L1's slots) and the batch it is stuck in hold
     batch = [[rng.randrange(3, 2000) for _ in range(10 * CHUNK + 1)] for _ in range(12)]
-    assert tiers.writer is not None and tiers.writer.queue.maxsize + 8 < 120 <= tiers.l1.num_slots
+    assert tiers.agent.writer is not None and tiers.agent.writer.queue.maxsize + 8 < 120 <= tiers.l1.num_slots
     with tiers.l2._agents["WRITE"].lock:
         outs = llm.generate(batch, SAMPLING, use_tqdm=False)
         assert all(len(o.token_ids) == SAMPLING.max_tokens for o in outs)

@@ -36,15 +36,13 @@ from xrt.config import CacheArgs, L2LoadPolicy
 from xrt.kvcache.connector import PagePins
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
 from xrt.kvstore.agent import TierAgent
-from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import ChunkKeyCache
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.loads import Loader, TieredHit
 from xrt.kvstore.peers import TierPeers
 from xrt.kvstore.policy import LoadPolicy, PrefillClock
-from xrt.kvstore.prefetch import Prefetcher, leading_run
+from xrt.kvstore.prefetch import leading_run
 from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
-from xrt.kvstore.writer import L2Writer
 
 __all__ = ["GPU", "L1", "L2", "TierStats", "TieredConnector", "TieredHit"]
 
@@ -82,18 +80,6 @@ class TieredConnector:
 
     def bind(self, pages: PagePins) -> None:
         self.pages = self.agent.pins = pages
-
-    @property
-    def writer(self) -> L2Writer | None:
-        return self.agent.writer
-
-    @property
-    def prefetcher(self) -> Prefetcher | None:
-        return self.agent.prefetcher
-
-    @property
-    def copier(self) -> ChunkCopier:
-        return self.agent.copier
 
     # ------------------------------------------------------------------ store: GPU -> L1 -> L2
 

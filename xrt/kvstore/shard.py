@@ -21,7 +21,7 @@ from xrt.kvstore.agent import TierAgent
 from xrt.kvstore.build import key_namespace
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import LoadChunk, StoreChunk
-from xrt.kvstore.prefetch import PREFETCH_WAIT_S, Prefetcher, leading_run
+from xrt.kvstore.prefetch import PREFETCH_WAIT_S, leading_run
 from xrt.kvstore.stats import L1, L2
 
 
@@ -38,11 +38,6 @@ class KVShard:
         self.agent = TierAgent(cfg, kv_cache, namespace)
         self.l1, self.l2, self.stats = self.agent.l1, self.agent.l2, self.agent.stats  # rank 0's stats are the run's
         self.load_batch = self.agent.load_batch
-        self.copier, self.arrivals = self.agent.copier, self.agent.arrivals
-
-    @property
-    def prefetcher(self) -> Prefetcher | None:
-        return self.agent.prefetcher
 
     def _key(self, key: bytes) -> bytes:
         return rank_key(self.digest, key)
