@@ -10,17 +10,14 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any
+from contextlib import ExitStack, contextmanager
+from typing import IO, Any
 
 from xrt.cli.paths import output_problems
 from xrt.config import XrtConfig
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.reflect import ConfigError
-
-if TYPE_CHECKING:  # the engine (and torch) load only once the config is checked
-    from xrt.engine.llm import LLM
 
 Prompt = str | list[int]
 
@@ -37,27 +34,19 @@ def main(cfg: XrtConfig) -> int:
         for line in ConfigError(problems).lines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    opened = _Opened()
-    try:
-        return _run(cfg, opened)
-    finally:
-        if opened.llm is not None:
-            opened.llm.close()  # the tiers' threads and L2 queue, worker processes: also on an error or Ctrl-C
+    # The LLM _run opens is closed whichever way it ends (an error, Ctrl-C): the tiers' threads and L2 queue, the
+    # tensor-parallel workers.
+    with ExitStack() as closing:
+        return _run(cfg, closing)
 
 
-class _Opened:
-    """The LLM `_run` made, for `main` to close whatever way `_run` ends."""
-
-    llm: LLM | None = None
-
-
-def _run(cfg: XrtConfig, opened: _Opened) -> int:
+def _run(cfg: XrtConfig, closing: ExitStack) -> int:
     sources: list[str] = []
     try:
         prompts, sources = read_prompts(cfg)
         from xrt.engine.llm import LLM
 
-        llm = opened.llm = LLM(cfg)
+        llm = closing.enter_context(LLM(cfg))
         if cfg.chat:
             prompts = [llm.apply_chat_template([{"role": "user", "content": _as_text(p)}]) for p in prompts]
         # Opened (and an earlier file replaced) only once the model is up: a failed load leaves it alone.
