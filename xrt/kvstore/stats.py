@@ -96,11 +96,10 @@ class TierStats:
             out[f"other_ranks_{name}"] = value
         return out
 
-    def summary(self, queue_depth: int | None = None) -> str:
+    def summary(self) -> str:
         """Two lines for `xrt run`: where prefixes came from, and what moved between the tiers (a third with the
         other tensor-parallel ranks' counters, once a flush brought them)."""
         hits = ", ".join(f"{t} {n}" for t, n in self.hit_tokens.items())
-        queue_depth = self.store_queue_now if queue_depth is None else queue_depth
 
         def moved(t: str) -> str:
             bw = self.bandwidth(t)
@@ -115,7 +114,7 @@ class TierStats:
             f"kv tiers: prefix tokens cached {hits}, computed {self.computed_tokens} ({self.lookups} lookups) | "
             f"loaded {moved(L1)}, {moved(L2)}\n"
             f"kv tiers: chunks stored l1 {self.stored_l1}, l2 {self.stored_l2}{write} (queue max "
-            f"{self.store_queue_max}, now {queue_depth}, dropped {self.dropped_l2}, store errors "
+            f"{self.store_queue_max}, now {self.store_queue_now}, dropped {self.dropped_l2}, store errors "
             f"{self.store_errors}, writer restarts {self.writer_restarts}) | L2 loads skipped as slower "
             f"{self.skipped_slow}, abandoned {self.abandoned_loads}, failed {self.failed_loads}, checksum "
             f"failures {self.checksum_failures} | prefetched {self.prefetched_chunks} chunks"
