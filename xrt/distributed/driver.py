@@ -14,13 +14,11 @@ import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
-import numpy as np
 import torch
 
-from xrt.config import KVTiers, XrtConfig
+from xrt.config import XrtConfig
 from xrt.distributed.env import torchrun_env
 from xrt.distributed.errors import WorkerFailed
-from xrt.distributed.kv_peers import KVPeers
 from xrt.distributed.launch import Ranks
 from xrt.distributed.wire import Kind, encode_launch, encode_step
 from xrt.executor.graphs.capture import CaptureStrategy
@@ -28,6 +26,7 @@ from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import DecodeBatch, StepInput
 from xrt.kvcache.connector import NoTierConnector, TierConnector
+from xrt.kvcache.plan import TierPlan
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.ops.parallel_state import TPState
 
@@ -45,7 +44,7 @@ class TPRunner:
         self._closer = weakref.finalize(self, self._ranks.close)
         groups = self._ranks.groups
         assert groups is not None
-        # rank 0's: its model's groups, and the host-side agreements' (KVPeers)
+        # rank 0's: its model's groups, and the host-side agreements' (the KV tier plans' collectives)
         self.tp_state = TPState(groups.rank, groups.size, groups.model, groups.cpu)
         try:
             self._local = self._call(lambda: ModelRunner(cfg, capture, self.tp_state))
@@ -88,25 +87,21 @@ class TPRunner:
 
         return self._call(run)
 
-    def send_then(self, kind: Kind, payload: np.ndarray | None, then: Callable[[], T]) -> T:
-        """Send a message to the workers, then run `then` on rank 0 (whose collectives, if any, meet those
-        the workers run for the message); failures as for a step."""
-
-        def run() -> T:
-            self._channel.send(kind, payload)
-            return then()
-
-        return self._call(run)
+    def send_plan(self, plan: TierPlan) -> None:
+        """A step with no sequences, carrying a KV tier plan alone (the connector's `PlanSender`): every rank
+        applies it and joins its collectives."""
+        self.execute(StepInput(False, [], plan))
 
     @functools.cached_property
     def connector(self) -> TierConnector:
-        """Rank 0's KV tiers over its own shard of the KV cache, reaching the other ranks' shards (each rank's own
-        L1 and L2) through the step channel."""
-        if self._cfg.cache.tiers is KVTiers.GPU:
+        """Rank 0's KV tiers over its own agent (its shard of the KV cache), reaching the other ranks' agents (each
+        rank's own L1 and L2) through the plans in the steps."""
+        agent = self._local.tier_agent
+        if agent is None:
             return NoTierConnector()
         from xrt.kvstore.factory import build_connector  # the tiers (and NIXL) load only with cache.tiers set
 
-        return build_connector(self._cfg, self._local.kv_cache, self.checkpoint_dir, KVPeers(self))
+        return build_connector(self._cfg, agent, self)
 
     @property
     def closed(self) -> bool:

@@ -5,7 +5,7 @@ STEP:   [is_prefill, n, start_pos * n, needs_logits * n, num_tokens * n, num_pag
 LAUNCH: [has_after, n, width, token_ids * n, sources * n, positions * n, page rows (n x width)...]
         (only the pages each row reads: the rows of the batch's page tables, `width` = the most pages a row
         needs, so the KV cache manager's whole table never travels).
-KV_*:   kv_wire.py."""
+Either is led by its KV tier plan: [plan length (0: none), plan (xrt/kvcache/plan.py `TierPlan.encode`)]."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import itertools
 import numpy as np
 
 from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
+from xrt.kvcache.plan import TierPlan
+
+NO_PLAN = np.zeros(1, dtype=np.int64)
 
 
 class Kind(enum.IntEnum):
@@ -22,12 +25,6 @@ class Kind(enum.IntEnum):
     STEP = 1  # Runner.execute(StepInput)
     LAUNCH = 2  # Runner.launch_decode(DecodeBatch, after)
     SHUTDOWN = 3  # the run is over: the workers leave their loop
-    # KV tiers (kv_wire.py): rank 0's tier operations, mirrored on each rank's own shard (xrt/kvstore/shard.py)
-    KV_STORE = 4  # gather these chunks' pages into L1 (and L2)
-    # 5: KV_LOOKUP until rank 0's matches stopped asking the other ranks (a match has no side effect)
-    KV_LOAD = 6  # load chunks into pages: then one all_reduce(MIN) of the leading chunks loaded
-    KV_FLUSH = 7  # finish the L2 writes queued: then one all_reduce (a barrier) and one of the ranks' counters
-    KV_PREFETCH = 8  # a queued request's prefix chunks: read those this rank's L2 holds into its L1 (no collective)
 
 
 def encode_step(step: StepInput) -> np.ndarray:
@@ -40,10 +37,24 @@ def encode_step(step: StepInput) -> np.ndarray:
     meta[3] = [len(c.page_table) for c in seqs]
     tokens = np.fromiter(itertools.chain.from_iterable(c.token_ids for c in seqs), np.int64, int(meta[2].sum()))
     pages = np.fromiter(itertools.chain.from_iterable(c.page_table for c in seqs), np.int64, int(meta[3].sum()))
-    return np.concatenate((np.array([int(step.is_prefill), n], dtype=np.int64), meta.ravel(), tokens, pages))
+    head = np.array([int(step.is_prefill), n], dtype=np.int64)
+    return np.concatenate((*_plan(step.tiers), head, meta.ravel(), tokens, pages))
+
+
+def _plan(plan: TierPlan | None) -> tuple[np.ndarray, ...]:
+    if not plan:
+        return (NO_PLAN,)
+    encoded = plan.encode()
+    return np.array([len(encoded)], dtype=np.int64), encoded
+
+
+def _unplan(p: np.ndarray) -> tuple[TierPlan | None, np.ndarray]:
+    n = int(p[0])
+    return (TierPlan.decode(p[1 : 1 + n]) if n else None), p[1 + n :]
 
 
 def decode_step(p: np.ndarray) -> StepInput:
+    plan, p = _unplan(p)
     is_prefill, n = bool(p[0]), int(p[1])
     meta = p[2 : 2 + 4 * n].reshape(4, n).tolist()
     starts, logits, lens, num_pages = meta
@@ -54,7 +65,7 @@ def decode_step(p: np.ndarray) -> StepInput:
     for start, wants, k, m in zip(starts, logits, lens, num_pages, strict=True):
         seqs.append(SeqChunk(tokens[t : t + k], start, pages[q : q + m], bool(wants)))
         t, q = t + k, q + m
-    return StepInput(is_prefill, seqs)
+    return StepInput(is_prefill, seqs, plan)
 
 
 def encode_launch(batch: DecodeBatch, has_after: bool, page_size: int) -> np.ndarray:
@@ -71,11 +82,12 @@ def encode_launch(batch: DecodeBatch, has_after: bool, page_size: int) -> np.nda
     width = rows.shape[1]
     head = np.array([int(has_after), n, width], dtype=np.int64)
     cols = np.array([batch.token_ids, batch.sources, batch.positions], dtype=np.int64).reshape(3 * n)
-    return np.concatenate((head, cols, rows.reshape(-1).astype(np.int64, copy=False)))
+    return np.concatenate((*_plan(batch.tiers), head, cols, rows.reshape(-1).astype(np.int64, copy=False)))
 
 
 def decode_launch(p: np.ndarray) -> tuple[DecodeBatch, bool]:
+    plan, p = _unplan(p)
     has_after, n, width = bool(p[0]), int(p[1]), int(p[2])
     token_ids, sources, positions = p[3 : 3 + 3 * n].reshape(3, n).tolist()
     tables = p[3 + 3 * n : 3 + 3 * n + n * width].reshape(n, width).astype(np.int32)
-    return DecodeBatch(token_ids, sources, positions, range(n), tables), has_after
+    return DecodeBatch(token_ids, sources, positions, range(n), tables, plan), has_after

@@ -11,7 +11,6 @@ import signal
 import threading
 import traceback
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from tqdm import tqdm
@@ -29,64 +28,45 @@ from xrt.distributed.groups import (
     take_device,
     torchrun_groups,
 )
-from xrt.distributed.kv_wire import decode_kv_keys, decode_kv_load, decode_kv_store
 from xrt.distributed.wire import Kind, decode_launch, decode_step
 from xrt.executor.graphs.capture import CaptureStrategy
 from xrt.executor.interface import PendingTokens
 from xrt.executor.runner import ModelRunner
 from xrt.log import get_logger, set_rank
-from xrt.ops.collectives import min_over_ranks, sum_over_ranks
 from xrt.ops.parallel_state import TPState
-
-if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
-    from xrt.kvstore.shard import KVShard
 
 log = get_logger(__name__)
 
 
-def serve(runner: ModelRunner, channel: StepChannel, shard: KVShard | None = None) -> None:
+def serve(runner: ModelRunner, channel: StepChannel) -> None:
     """Run rank 0's steps in its order until SHUTDOWN. A launch with `after` reads the tokens of this rank's
     previous launch, which holds the same tokens as rank 0's (the logits are all-gathered: every rank takes
-    the same argmax). With KV tiers, `shard` does the KV_* messages; a load or flush ends in the
-    collective rank 0 runs for it (xrt/distributed/kv_peers.py). On SHUTDOWN the shard's L2 writer finishes
-    first, so the next run finds this rank's chunks."""
+    the same argmax). A step's KV tier plan is the runner's to apply (its tier agent, xrt/kvcache/plan.py); a
+    step with no sequences carries a plan alone and runs no pass (the previous launch's tokens stay). On SHUTDOWN
+    the runner closes its tiers first (the L2 writer finishes), so the next run finds this rank's chunks."""
     last: PendingTokens | None = None
-    tp = runner.tp_state  # the host-side agreements' group
     while True:
         kind, payload = channel.recv()
         if kind is Kind.STEP:
-            runner.execute(decode_step(payload))
-            last = None
+            step = decode_step(payload)
+            runner.execute(step)
+            if step.seqs:
+                last = None
         elif kind is Kind.LAUNCH:
             batch, has_after = decode_launch(payload)
             last = runner.launch_decode(batch, last if has_after else None)
         elif kind is Kind.SHUTDOWN:
-            if shard is not None:
-                shard.close()
+            runner.close()
             return
         elif kind is Kind.KEEPALIVE:
             continue
-        elif shard is None:
-            raise RuntimeError(f"{kind.name} from rank 0, but this rank has no KV tiers (cache.tiers=gpu)")
-        elif kind is Kind.KV_STORE:
-            shard.store(decode_kv_store(payload))
-        elif kind is Kind.KV_LOAD:
-            min_over_ranks(shard.load(*decode_kv_load(payload)), tp)
-        elif kind is Kind.KV_PREFETCH:
-            shard.prefetch(decode_kv_keys(payload))
-        elif kind is Kind.KV_FLUSH:
-            shard.flush()
-            sum_over_ranks(shard.counters(), tp)  # also the barrier: rank 0 returns once every rank has flushed
 
 
 def run_worker(cfg: XrtConfig, groups: Groups, capture: CaptureStrategy | None) -> None:
     runner = ModelRunner(cfg, capture, TPState(groups.rank, groups.size, groups.model, groups.cpu))
-    shard = None
     if cfg.cache.tiers is not KVTiers.GPU:
-        from xrt.kvstore.shard import KVShard
-
-        shard = KVShard(cfg, runner.kv_cache, runner.checkpoint_dir, groups.rank, groups.size)
-    serve(runner, StepChannel(groups.channel), shard)
+        runner.tier_agent  # noqa: B018  built before the first step: its reader and writer threads start now
+    serve(runner, StepChannel(groups.channel))
 
 
 def spawned_main(cfg: XrtConfig, rank: int, port: int, capture: CaptureStrategy | None) -> None:

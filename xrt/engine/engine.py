@@ -191,7 +191,7 @@ class LLMEngine:
         if step.is_prefill:
             self.num_prefill_tokens += step.num_tokens
         if not step.is_prefill and self._launchable(seqs):
-            batch = self.scheduler.decode_batch(seqs, overlapped=False)
+            batch = self.scheduler.decode_batch(seqs, overlapped=False, scheduled=scheduled)
             pending = self.runner.launch_decode(batch, None)
             self._prefetch_waiting()
             tokens = pending.tokens()

@@ -3,6 +3,11 @@ token budget) or a decode step (one token for every running sequence). Prompts g
 pages on admission, so a partly prefilled sequence always finishes its prefill; when a decode step
 runs out of pages the newest running sequence is freed and requeued to be recomputed.
 
+A prompt whose cached prefix continues into a KV tier that must read it first (xrt/kvcache/connector.py
+`begin_read`) steps out of the queue into `reading` while the tier reads, and the requests behind it are admitted
+meanwhile; once its read is over (`poll_reads`, every step) it goes back to the head of the queue and is admitted
+with what was read. The scheduler never waits on a read unless nothing else can run.
+
 Overlapped decoding (`schedule_overlapped`): the engine may launch decode step N+1 before it has
 read step N's tokens back; a sequence then has `num_pending_tokens` in flight and is scheduled from
 its length (known in advance), never from its tokens."""
@@ -17,6 +22,7 @@ from xrt.config import SchedulerArgs
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
 from xrt.kvcache.manager import KVCacheManager
+from xrt.kvcache.plan import TierPlan
 
 # Takes a sampled token: (sequence, token, time it was read back).
 OnToken = Callable[[Sequence, int, float], None]
@@ -37,7 +43,8 @@ class Scheduler:
     """What the engine calls: admission_error / add (requests in); schedule, then postprocess after the
     pass (synchronous steps); schedule_overlapped, decode_batch and decode_resolved (decode steps the
     runner launches itself); finish, take_finished, has_unfinished / has_finished. The KV cache
-    manager (`kv`) is the scheduler's: the engine never touches it."""
+    manager (`kv`) is the scheduler's: the engine never touches it. Every step the scheduler hands out carries
+    the KV tier plan decided since the last one (`StepInput.tiers`, `DecodeBatch.tiers`)."""
 
     def __init__(self, args: SchedulerArgs, kv: KVCacheManager, max_model_len: int) -> None:
         self.args = args
@@ -45,6 +52,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.reading: list[Sequence] = []  # out of the queue while a KV tier reads their prefix
         self.newly_finished: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -77,14 +85,19 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.reading)
 
     def has_finished(self) -> bool:
         """Whether finished requests wait to be taken (`take_finished`)."""
         return bool(self.newly_finished)
 
     def schedule(self) -> ScheduledStep | None:
+        self._poll_reads(idle=False)
         scheduled = self._schedule_prefill() or self._schedule_decode()
+        if scheduled is None and self.reading and not self.waiting:
+            # nothing runs but reads: wait for one (briefly), then admit what it brought
+            self._poll_reads(idle=True)
+            scheduled = self._schedule_prefill()
         if scheduled is None and self.waiting and not self.running:
             # The decode pass ended the last running sequence (alone, it filled the cache): its pages are free
             # now, for the sequences it preempted.
@@ -94,7 +107,22 @@ class Scheduler:
             # held fewer pages than the cache has, so it fits again alone. End it rather than spin forever.
             seq = self.waiting[0]
             self.finish(seq, "kv_cache", f"{seq.num_tokens} tokens do not fit the free KV cache")
+        if scheduled is not None:
+            plan = self.kv.take_plan()
+            if plan is not None:
+                scheduled = ScheduledStep(StepInput(scheduled.step.is_prefill, scheduled.step.seqs, plan),
+                                          scheduled.seqs)
         return scheduled
+
+    def _poll_reads(self, idle: bool) -> None:
+        """Requests whose read is over go back to the head of the queue, in the order they began reading."""
+        if not self.reading:
+            return
+        done = self.kv.poll_reads(idle)
+        for seq in reversed([s for s in self.reading if any(s is d for d in done)]):
+            self.reading.remove(seq)
+            seq.status = SeqStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def postprocess(self, scheduled: ScheduledStep) -> None:
         """Records the KV the step computed; the caller then appends tokens to `sampled_seqs`."""
@@ -109,8 +137,12 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.reading:
+            self.reading.remove(seq)
         if seq.page_table:
             self.kv.free(seq)
+        else:
+            self.kv.drop_read(seq)  # queued or reading: what a tier holds for it is released
         seq.status = SeqStatus.FINISHED
         seq.in_prefill = False
         seq.finish_reason = reason
@@ -129,6 +161,7 @@ class Scheduler:
         or pages would run out (the synchronous path preempts). An empty list: nothing to launch,
         every sequence is finishing."""
         kv = self.kv
+        self._poll_reads(idle=False)
         if len(self.running) > max_batch:
             return None
         if self.waiting and len(self.running) < self.args.max_num_seqs:
@@ -154,11 +187,13 @@ class Scheduler:
             kv.append(seq)
         return seqs
 
-    def decode_batch(self, seqs: list[Sequence], overlapped: bool) -> DecodeBatch:
+    def decode_batch(self, seqs: list[Sequence], overlapped: bool,
+                     scheduled: ScheduledStep | None = None) -> DecodeBatch:
         """A greedy decode step of `seqs` (pages allotted) for `Runner.launch_decode`. A sequence with
         a token in flight feeds it from the device (row `decode_row` of the previous launch).
         overlapped: the step counts as computed now and its tokens come back through `decode_resolved`;
-        else the caller reads them and runs `postprocess` as for a synchronous step."""
+        else the caller reads them and runs `postprocess` as for a synchronous step. scheduled: the step
+        `schedule` returned that this batch launches (its tier plan goes with it)."""
         tokens, sources, positions, rows = [], [], [], []
         for i, seq in enumerate(seqs):
             if seq.num_pending_tokens:
@@ -173,7 +208,8 @@ class Scheduler:
                 seq.num_computed_tokens += 1
                 seq.num_pending_tokens += 1
                 seq.decode_row = i
-        return DecodeBatch(tokens, sources, positions, rows, self.kv.page_tables)
+        plan: TierPlan | None = scheduled.step.tiers if scheduled is not None else self.kv.take_plan()
+        return DecodeBatch(tokens, sources, positions, rows, self.kv.page_tables, plan)
 
     def decode_resolved(
         self, seqs: list[Sequence], positions: list[int], tokens: list[int], now: float, on_token: OnToken
@@ -219,6 +255,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
             seq = self.waiting[0]
             hit = kv.lookup(seq.token_ids)
+            if kv.begin_read(seq, hit):
+                self.waiting.popleft()
+                seq.status = SeqStatus.READING
+                self.reading.append(seq)
+                continue
             remaining = seq.num_tokens - hit.num_tokens
             # Without chunking a prompt runs whole; only a preempted sequence that grew past the
             # budget is split, as the one way it can ever run again.

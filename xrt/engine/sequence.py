@@ -14,6 +14,7 @@ from xrt.engine.detokenizer import IncrementalDetokenizer
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
+    READING = "reading"  # queued, its prefix being read from a KV tier (Scheduler.reading)
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -10,6 +10,7 @@ import functools
 import importlib
 import math
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,7 @@ from xrt.executor.prepare import build_metadata
 from xrt.executor.step import DecodeBatch, StepInput, as_decode
 from xrt.kvcache.connector import NoTierConnector, TierConnector
 from xrt.kvcache.device import DeviceKVCache, KVLayout, wait_all
+from xrt.kvcache.plan import TierPlan
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
 from xrt.layers.options import LayerOptions
@@ -45,6 +47,9 @@ from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_cla
 from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import TPState, init_tp
 from xrt.reflect import hf_values
+
+if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
+    from xrt.kvstore.agent import TierAgent
 
 KVReady = tuple[torch.cuda.Event | None, ...]  # per layer (xrt.kvcache.device.KVArrivals.take)
 
@@ -171,18 +176,42 @@ class ModelRunner:
             self.prefill_graphs.capture()
 
     @functools.cached_property
-    def connector(self) -> TierConnector:
-        """The KV tiers over this runner's KV cache (cache.tiers), built on first use: a tensor-parallel rank 0
-        builds its own over this runner's cache instead (xrt.distributed.driver)."""
+    def tier_agent(self) -> TierAgent | None:
+        """This rank's KV tiers over its KV cache (cache.tiers), built on first use: every rank has one; rank 0's
+        connector decides for all, the others apply the plan in each step (xrt/kvcache/plan.py)."""
         if self.cfg.cache.tiers is KVTiers.GPU:
-            return NoTierConnector()
-        from xrt.kvstore.factory import build_connector  # the tiers (and NIXL) load only with cache.tiers set
+            return None
+        from xrt.kvstore.factory import build_agent  # the tiers (and NIXL) load only with cache.tiers set
 
-        return build_connector(self.cfg, self.kv_cache, self.checkpoint_dir)
+        return build_agent(self.cfg, self.kv_cache, self.checkpoint_dir, self.tp_state)
+
+    @functools.cached_property
+    def connector(self) -> TierConnector:
+        """The engine's KV tiers at tp=1: the connector over this runner's agent (a tensor-parallel rank 0 builds
+        its own over the same agent, xrt.distributed.driver)."""
+        agent = self.tier_agent
+        if agent is None:
+            return NoTierConnector()
+        from xrt.kvstore.factory import build_connector
+
+        return build_connector(self.cfg, agent)
 
     def close(self) -> None:
+        """Close the KV tiers: the connector (which closes its agent), or this rank's agent alone (a worker)."""
         if "connector" in self.__dict__:
             self.connector.close()
+        if self.__dict__.get("tier_agent") is not None:
+            self.tier_agent.close()
+
+    def _tiers_before(self, plan: TierPlan | None) -> None:
+        """A step's tier plan, before its forward pass: a worker rank's agent does what rank 0 decided."""
+        if plan and self.tier_agent is not None:
+            self.tier_agent.apply(plan)
+
+    def _tiers_after(self, plan: TierPlan | None) -> None:
+        """Every rank, once the step's pass is queued: the plan's collectives (polls, flush)."""
+        if plan and self.tier_agent is not None:
+            self.tier_agent.agree(plan)
 
     # -- eager ------------------------------------------------------------------------------------
 
@@ -231,6 +260,16 @@ class ModelRunner:
         """float32 logits [chunks with needs_logits, vocab], in chunk order. After a replayed graph with
         argmax, `last_argmax` holds the greedy token of each returned row (computed in the graph; a view
         valid until the next forward pass), else None."""
+        plan = step.tiers
+        self._tiers_before(plan)
+        if not step.seqs:  # a plan alone (xrt/kvcache/plan.py): no forward pass
+            self._tiers_after(plan)
+            return torch.empty(0, self.vocab_size, device=self.device)
+        logits = self._execute(step)
+        self._tiers_after(plan)
+        return logits
+
+    def _execute(self, step: StepInput) -> torch.Tensor:
         self._num_passes += 1
         step = as_decode(step)
         loading = self._loading()
@@ -262,12 +301,14 @@ class ModelRunner:
             raise ValueError(f"launch_decode: {n} sequences exceed the largest graph ({self.decode_capacity})")
         if after is not None and getattr(after, "seq_no", None) != self._num_passes:
             raise RuntimeError("launch_decode: `after` is not the previous forward pass; its tokens are gone")
+        self._tiers_before(batch.tiers)
         kv_ready = self._take_arrivals()
         if kv_ready is not None:  # not expected (loads come with prefill steps), but never read pages mid-copy
             wait_all(kv_ready, torch.cuda.current_stream(self.device))
         pending = graphs.launch(batch, bucket, self._num_passes + 1)
         self._num_passes += 1
         self.last_argmax = None
+        self._tiers_after(batch.tiers)
         return pending
 
 

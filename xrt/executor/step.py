@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xrt.kvcache.plan import TierPlan
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -29,10 +31,13 @@ class SeqChunk:
 @dataclass(frozen=True)
 class StepInput:
     """A batch for one forward pass. is_prefill: every chunk may carry several tokens;
-    otherwise every chunk carries exactly one token (a decode step)."""
+    otherwise every chunk carries exactly one token (a decode step). tiers: what the other tensor-parallel ranks'
+    KV tiers do with this step (xrt/kvcache/plan.py); None without. A step with no chunks carries a plan alone
+    (no forward pass)."""
 
     is_prefill: bool
     seqs: list[SeqChunk]
+    tiers: TierPlan | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -45,7 +50,7 @@ def as_decode(step: StepInput) -> StepInput:
     decode step, so it takes the decode kernels and graphs (on the H200 at 8k cached tokens of Qwen3-8B, paged
     prefill attention costs 122 us a layer for that one row, and the eager step is host-bound at ~20 ms)."""
     if step.is_prefill and step.seqs and all(len(c.token_ids) == 1 and c.needs_logits for c in step.seqs):
-        return StepInput(False, step.seqs)
+        return StepInput(False, step.seqs, step.tiers)
     return step
 
 
@@ -60,6 +65,7 @@ class DecodeBatch:
     positions: the position each row's token takes (its sequence's KV length before this step).
     table_rows: each row's row in `page_tables` ([rows, pages] int32: a sequence's pages in order, the
         KV cache's page-table array, `xrt.kvcache`; or one page list per row, a StepInput's page tables).
+    tiers: as for StepInput (never a load: loads come with the prefill steps of admissions).
     """
 
     token_ids: Sequence[int]
@@ -67,6 +73,7 @@ class DecodeBatch:
     positions: Sequence[int]
     table_rows: Sequence[int]
     page_tables: np.ndarray | Sequence[Sequence[int]]
+    tiers: TierPlan | None = None
 
     def __len__(self) -> int:
         return len(self.positions)

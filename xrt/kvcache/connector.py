@@ -4,11 +4,16 @@ GPU pages, and the connector that does nothing (`NoTierConnector`, the default: 
 The page manager is composed with one connector (never subclassed for it, the shape of vLLM v1's KV connector):
 - `match` continues a GPU prefix hit into the tiers, with no side effects (the scheduler may match the same
   prompt several times before it admits it);
+- `begin_read` is asked before an admission whether the request must first wait in the reading state while the
+  tiers read its prefix (no disk I/O in the scheduler: the read runs on other threads, and on every rank);
+  `poll_reads` hands back those whose read is over, `drop_read` forgets a request that leaves meanwhile;
 - `on_alloc` is told when a sequence got its pages for a hit (the connector fills the pages past the GPU part and
   says how many tokens each tier supplied), `on_commit` when pages became full and computed (it may store them),
   `on_free` just before a sequence's pages go back to the pool (no copy into them may start after that);
 - the step hooks (`step_started`, `step_launched`, `step_read_back`) let it time prefill steps and start stores
-  once a step's tokens are read back, and `prefetch` lets it read ahead for a request left waiting.
+  once a step's tokens are read back, and `prefetch` lets it read ahead for a request left waiting;
+- `take_plan` hands over what the other tensor-parallel ranks' tiers must do with the next step, as plain data
+  that rides in the step (xrt/kvcache/plan.py; None at tp=1).
 xrt/kvstore implements it (`xrt.kvstore.connector.TieredConnector`); the engine and the scheduler only ever see
 this interface, so they hold no `if tiers`."""
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
+from xrt.kvcache.plan import TierPlan
 
 
 class PagePins(Protocol):
@@ -51,9 +57,27 @@ class TierConnector(Protocol):
         its pages. Side-effect free."""
         ...
 
+    def begin_read(self, seq: KVSeq, hit: PrefixHit) -> bool:
+        """Whether seq (with `hit`, just matched) must wait in the reading state before its admission; starts its
+        read. False once its read is over, or when it needs none."""
+        ...
+
+    def poll_reads(self, idle: bool) -> list[KVSeq]:
+        """The requests whose read is over, to admit (in the order they began); idle: nothing else would run, so
+        it may wait a little for one."""
+        ...
+
+    def drop_read(self, seq: KVSeq) -> None:
+        """seq leaves without an admission (aborted, finished): what its read holds is released."""
+        ...
+
+    def take_plan(self) -> TierPlan | None:
+        """The other ranks' share of what was decided since the last step, for the next step to carry."""
+        ...
+
     def on_alloc(self, seq: KVSeq, hit: PrefixHit) -> None:
-        """seq holds fresh pages past hit.pages: fill them from the tiers and set num_computed_tokens /
-        num_cached_tokens / cached_tokens to what was actually loaded."""
+        """seq holds fresh pages past hit.pages: fill them from the tiers (its read's chunks, if it had one) and
+        set num_computed_tokens / num_cached_tokens / cached_tokens to what was actually loaded."""
         ...
 
     def on_commit(self, event: CommittedPages) -> None: ...
@@ -93,6 +117,18 @@ class NoTierConnector:
 
     def match(self, token_ids: list[int], gpu: PrefixHit) -> PrefixHit:
         return gpu
+
+    def begin_read(self, seq: KVSeq, hit: PrefixHit) -> bool:
+        return False
+
+    def poll_reads(self, idle: bool) -> list[KVSeq]:
+        return []
+
+    def drop_read(self, seq: KVSeq) -> None:
+        pass
+
+    def take_plan(self) -> TierPlan | None:
+        return None
 
     def on_alloc(self, seq: KVSeq, hit: PrefixHit) -> None:
         pass

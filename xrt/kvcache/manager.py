@@ -7,7 +7,8 @@ free list in eviction order); every admitted sequence also has a row in `page_ta
 [rows, pages] int32 array a decode launch gathers its page tables from.
 
 KV tiers below the GPU pages attach as one `TierConnector` (connector.py), composed here: `lookup` continues
-the GPU hit with `connector.match`, `allocate` tells `on_alloc` (which fills the fresh pages past the GPU part),
+the GPU hit with `connector.match`, `begin_read` / `poll_reads` / `drop_read` keep a request in the reading state
+while the tiers read its prefix, `allocate` tells `on_alloc` (which fills the fresh pages past the GPU part),
 `commit` tells `on_commit`, `free` tells `on_free` first. The scheduler is the same with or without tiers: it
 admits by hit.num_tokens, counts only hit.pages as shared and prefills from num_computed_tokens. The engine
 tells the connector where a step stands (`step_started`, `step_launched`, `step_read_back`) through here too.
@@ -20,6 +21,7 @@ import numpy as np
 from xrt.kvcache.connector import NoTierConnector, TierConnector, TierCounters
 from xrt.kvcache.interface import NO_HIT, CommitListener, CommittedPages, KVSeq, PrefixHit
 from xrt.kvcache.page_tables import PageTables
+from xrt.kvcache.plan import TierPlan
 from xrt.kvcache.pool import PagePool
 
 
@@ -160,6 +162,20 @@ class KVCacheManager:
 
     def prefetch(self, token_ids: list[int]) -> None:
         self.connector.prefetch(token_ids)
+
+    # -- the reading state (free without tiers)
+
+    def begin_read(self, seq: KVSeq, hit: PrefixHit) -> bool:
+        return self.connector.begin_read(seq, hit)
+
+    def poll_reads(self, idle: bool) -> list[KVSeq]:
+        return self.connector.poll_reads(idle)
+
+    def drop_read(self, seq: KVSeq) -> None:
+        self.connector.drop_read(seq)
+
+    def take_plan(self) -> TierPlan | None:
+        return self.connector.take_plan()
 
     def tier_stats(self) -> TierCounters | None:
         return self.connector.report()

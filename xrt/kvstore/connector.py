@@ -1,7 +1,7 @@
 """The KV tiers behind the page manager: `TieredConnector`, xrt/kvcache/connector.py's `TierConnector` for
 cache.tiers=l1 / l1_l2. It decides (what a prompt's prefix continues into, what is worth loading, what to store);
-the bytes move through this rank's `TierAgent` (agent.py), and with tensor parallelism every other rank's through
-`peers` (peers.py), in order with the steps.
+the bytes move through this rank's `TierAgent` (agent.py), and with tensor parallelism every other rank's agent
+does the same from the step's plan (xrt/kvcache/plan.py), which rides in the step through the step channel.
 
 Store: `on_commit` sees pages become full and computed; every chunk (cache.chunk_tokens tokens, whole pages) that
 became complete gets an L1 slot, and once the step's tokens are read back (`step_read_back`) is gathered from the
@@ -10,61 +10,83 @@ A full queue drops the L2 copy (counted) rather than wait: a decode step never b
 
 Load: `match` continues the GPU prefix hit with the chunk chain in L1, then L2, as far as the chunks are
 contiguous (and at least one token is left to compute), and returns a `TieredHit` whose num_tokens reaches past
-its GPU pages. `on_alloc` fills the fresh pages of the tier chunks (loads.py): L2 chunks are read into L1 slots
-in NIXL transfers, verified and published; then every chunk of the step's admissions is copied up from its slot
-in one batch once the forward pass has queued its own uploads (agent.py). A chunk that fails (gone, bad
-checksum) ends the loaded prefix there: num_computed_tokens is cut back and the scheduler prefills from that
-point. `cached_tokens` of each admitted sequence says how many prompt tokens each tier supplied.
+its GPU pages; no side effects. Admission (`begin_read`): a hit whose chunks are all in L1 loads at once (tp=1);
+otherwise the request waits in the scheduler's reading state while each rank's reader thread holds its chunks in
+L1 (reads.py), and `poll_reads` hands it back once every rank's read is over. `on_alloc` then copies the held
+chunks into the fresh pages with the next forward pass (agent.py); a chunk no rank could hold ends the loaded
+prefix there, and the scheduler prefills from that point. `cached_tokens` of each admitted sequence says how many
+prompt tokens each tier supplied.
 
 Never slower than recomputing (policy.py, cache.l2.load_policy=measured): an L2 run whose estimated load time
-exceeds recomputing its tokens is not started (`skipped_slow`); a long one is read in batches of
-cache.l2.load_batch_mb, each with a deadline of its tokens' recompute time, weighed again after each batch.
+exceeds recomputing its tokens is not read (`skipped_slow`); a read may take at most what recomputing its
+tokens costs (its deadline), and is weighed again after each batch of cache.l2.load_batch_mb.
 
-Tensor parallel (`peers`; None at tp=1): every rank holds its own shard of each chunk. Rank 0 decides from what
-its own tiers hold (a match asks no other rank: it has no side effect), mirrors each store and load to the other
-ranks, and cuts a load to the leading run every rank loaded (one collective), so the ranks never disagree on what
-is computed; a chunk another rank lacks costs its recompute (counted as a failed load)."""
+Tensor parallel (`sender`; None at tp=1): every rank holds its own shard of each chunk. Rank 0 decides from what
+its own tiers hold (a match asks no other rank), and the plan of the next step mirrors each store, prefetch, read
+and load to the other ranks. A read is over when the step's poll (one collective) says every rank finished it,
+with the leading run every rank holds; an idle engine sends a step with the plan alone to hear it. So the ranks
+never disagree on what is computed; a chunk another rank lacks costs its recompute (counted as a failed load)."""
 
 from __future__ import annotations
 
 import atexit
+import itertools
+import time
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 from xrt.config import CacheArgs, L2LoadPolicy
 from xrt.kvcache.connector import PagePins
 from xrt.kvcache.interface import CommittedPages, KVSeq, PrefixHit
+from xrt.kvcache.plan import TierPlan
 from xrt.kvstore.agent import TierAgent
+from xrt.kvstore.hit import TieredHit
 from xrt.kvstore.keys import ChunkKeyCache
 from xrt.kvstore.l1 import L1Full
-from xrt.kvstore.loads import Loader, TieredHit
-from xrt.kvstore.peers import TierPeers
-from xrt.kvstore.policy import LoadPolicy, PrefillClock
-from xrt.kvstore.prefetch import leading_run
+from xrt.kvstore.peers import PlanSender
+from xrt.kvstore.policy import PrefillClock
 from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
 
 __all__ = ["GPU", "L1", "L2", "TierStats", "TieredConnector", "TieredHit"]
 
 # L1 keys of the start-up bandwidth probe's scratch slots (29 bytes: never a 32-byte sha256 chunk key)
 PROBE_KEY = b"xrt-l2-bandwidth-probe-slot-"
+# how long an idle engine's poll waits for one of its reads to end before it looks again (a bound, not a cost: the
+# poll returns as soon as a read ends)
+IDLE_POLL_S = 0.005
+
+
+@dataclass
+class _Read:
+    """A request in the reading state: `first` is the chunk index its read starts at, `count` how many chunks."""
+
+    seq: KVSeq
+    first: int
+    count: int
+    started: float
 
 
 class TieredConnector:
-    def __init__(self, agent: TierAgent, cache: CacheArgs, peers: TierPeers | None = None) -> None:
+    def __init__(self, agent: TierAgent, cache: CacheArgs, sender: PlanSender | None = None) -> None:
         self.agent = agent
         self.layout, self.namespace, self.l1, self.l2 = agent.layout, agent.namespace, agent.l1, agent.l2
         self.keys = ChunkKeyCache(agent.namespace)
-        self.peers = peers
+        self.sender = sender
         self.chunk_tokens = self.layout.chunk_tokens
         self.ppc = self.layout.pages_per_chunk
         self.stats = agent.stats
-        self.policy = LoadPolicy()
         self.measured = cache.l2.load_policy is L2LoadPolicy.MEASURED
+        assert agent.policy is not None, "rank 0's agent"
+        self.policy = agent.policy
         self.prefill_clock = PrefillClock(agent.copier.kv.device)
-        self.loader = Loader(agent, self.policy, self.measured, peers)
         self.pages: PagePins | None = None
-        self._peer_stores: list[tuple[bytes, list[int]]] = []  # the other ranks' part of the stores (key, pages)
+        self._read_ids = itertools.count(1)
+        self._reads: dict[int, _Read] = {}  # read id -> its request, reading or settled
+        self._read_of: dict[int, int] = {}  # id(seq) -> read id
+        self._settled: dict[int, int] = {}  # read id -> leading chunks every rank holds (not admitted yet)
+        self._plan = _PlanParts()  # the other ranks' share of what was decided since the last step
         self._closed = False
         self.device_name = "cpu"
         if self.l2 is not None:
@@ -92,9 +114,10 @@ class TieredConnector:
             return
         keys = self.keys.keys(event.seq.token_ids, last)
         table = event.seq.page_table
-        if self.peers is not None:
+        if self.sender is not None:
             # every chunk, not only those this rank lacks: another rank may lack one this rank holds
-            self._peer_stores.extend((keys[c], table[c * self.ppc : (c + 1) * self.ppc]) for c in range(first, last))
+            self._plan.stores.extend((keys[c], tuple(table[c * self.ppc : (c + 1) * self.ppc]))
+                                     for c in range(first, last))
         for c in range(first, last):
             if not self.agent.add_store(keys[c], table[c * self.ppc : (c + 1) * self.ppc]):
                 return  # every slot is busy: these chunks stay GPU-only
@@ -103,11 +126,7 @@ class TieredConnector:
         """Start the copies of the chunks committed since the last call. Not at the commit itself: that comes
         between a prefill's forward pass and its sampler, and the copies would share the GPU with the sampler and
         delay the first token; after the read-back they share it with the next step, which the host is still
-        preparing."""
-        if self._peer_stores:
-            stores, self._peer_stores = self._peer_stores, []
-            assert self.peers is not None
-            self.peers.store(stores)
+        preparing. The other ranks start theirs with the next step (its plan)."""
         self.agent.start_stores()
 
     def step_read_back(self) -> None:
@@ -166,8 +185,7 @@ class TieredConnector:
     def prefetch(self, token_ids: list[int]) -> None:
         """A request left waiting: start reading its L2-only prefix chunks into L1 (prefetch.py), so its admission
         finds them there. Only chunks contiguous with what the GPU and L1 hold are worth it."""
-        prefetcher = self.agent.prefetcher
-        if prefetcher is None:
+        if self.agent.prefetcher is None:
             return
         assert self.l2 is not None and self.pages is not None
         ct = self.chunk_tokens
@@ -177,14 +195,12 @@ class TieredConnector:
             # keying the rest of it here would delay its own prefill.
             return
         keys = self.keys.keys(token_ids, loadable)
-        in_l2 = self.l2.holds(keys)
-        if not any(in_l2):
+        if not any(self.l2.holds(keys)):
             return  # nothing to prefetch, and no need to match the GPU prefix cache
         c0 = self.pages.gpu_match(token_ids).num_tokens // ct  # the chunks after the GPU hit
-        run, todo = leading_run(self.l1, keys[c0:loadable], in_l2[c0:loadable])
-        if self.peers is not None and run:
-            self.peers.prefetch(run)  # each rank reads what its own L1 lacks of them
-        prefetcher.submit(todo)
+        self.agent.prefetch(keys[c0:loadable])
+        if self.sender is not None:
+            self._plan.prefetches.append(tuple(keys[c0:loadable]))  # each rank reads what its own L1 lacks
 
     def match(self, token_ids: list[int], gpu: PrefixHit) -> PrefixHit:
         ct = self.chunk_tokens
@@ -232,37 +248,157 @@ class TieredConnector:
             return chunks[:first_l2], True
         return chunks, False
 
+    # ------------------------------------------------------------------ reading: L2 / L1 -> held in L1
+
+    def begin_read(self, seq: KVSeq, hit: PrefixHit) -> bool:
+        """Whether seq must wait in the reading state before its admission: its hit has chunks L1 does not hold
+        yet (or, with tensor parallelism, any tier chunks: every rank must hold them before any loads). Starts the
+        read; a request whose read is over (or that has none) is admitted now."""
+        if seq_read := self._read_of.get(id(seq)):
+            return seq_read not in self._settled
+        if not isinstance(hit, TieredHit) or not hit.chunks:
+            return False
+        waits = sum(not self.l1.contains(key) for _, key, _ in hit.chunks)
+        if self.sender is None and waits == 0:
+            return False  # every chunk is in L1: acquired and copied up at admission (on_alloc)
+        ct, nbytes = self.chunk_tokens, self.layout.nbytes
+        deadline = self.policy.deadline_s(waits * ct, waits * nbytes) if self.measured and waits else 0.0
+        read_id = next(self._read_ids)
+        keys = [key for _, key, _ in hit.chunks]
+        self.agent.begin_read(read_id, keys, deadline)
+        if self.sender is not None:
+            self._plan.reads.append((read_id, deadline, tuple(keys)))
+        self._reads[read_id] = _Read(seq, hit.chunks[0][0], len(keys), time.perf_counter())
+        self._read_of[id(seq)] = read_id
+        self.stats.reads += 1
+        return True
+
+    def poll_reads(self, idle: bool) -> list[KVSeq]:
+        """The requests whose read is over (every rank's), in the order they began; idle: nothing else would run,
+        so wait a little for one (with tensor parallelism, ask the ranks with a step of the plan alone)."""
+        self.agent.reap()  # a read may wait for a gather of this rank's to be published
+        if len(self._settled) == len(self._reads):
+            return []
+        done = self._settle()
+        if not done and idle:
+            if all(self.agent.read_progress(r) < 0 for r in self._reads if r not in self._settled):
+                self.agent.reader.wait(IDLE_POLL_S)
+            if self.sender is not None:
+                self.sender.send_plan(self.take_plan() or TierPlan())
+            done = self._settle()
+        return done
+
+    def _settle(self) -> list[KVSeq]:
+        done = []
+        now = time.perf_counter()
+        for read_id, read in self._reads.items():
+            if read_id in self._settled:
+                continue
+            if self.sender is None:
+                held = self.agent.read_progress(read_id)
+            else:
+                held = self.agent.agreed.pop(read_id, -1)
+            if held >= 0:
+                self._settled[read_id] = held
+                self.stats.read_wait_s += now - read.started
+                done.append(read.seq)
+        return done
+
+    def drop_read(self, seq: KVSeq) -> None:
+        """seq leaves the reading state without an admission (aborted, finished): its held chunks are released."""
+        read_id = self._read_of.pop(id(seq), None)
+        if read_id is None:
+            return
+        del self._reads[read_id]
+        self._settled.pop(read_id, None)
+        self.agent.drop_read(read_id)
+        if self.sender is not None:
+            self._plan.drops.append(read_id)
+
+    def take_plan(self, flush: bool = False) -> TierPlan | None:
+        """The other ranks' share of what was decided since the last plan, with a poll of the reads in flight;
+        None at tp=1 or when there is nothing to say."""
+        if self.sender is None:
+            return None
+        polls = tuple(r for r in self._reads if r not in self._settled)
+        return self._plan.take(polls, flush) or None
+
+    # ------------------------------------------------------------------ admission: held chunks -> pages
+
     def on_alloc(self, seq: KVSeq, hit: PrefixHit) -> None:
         self.agent.reap()
         self._fold_times()
         self.stats.lookups += 1
         gpu = hit.gpu_tokens if isinstance(hit, TieredHit) else hit.num_tokens
         loaded = {GPU: gpu, L1: 0, L2: 0}
-        end = gpu
         if isinstance(hit, TieredHit):
             self.stats.skipped_slow += hit.skipped
-            tiers = self.loader.load_everywhere(seq, hit) if hit.chunks else []
-            for (c, _, _), tier in zip(hit.chunks, tiers, strict=False):
-                loaded[tier] += (c + 1) * self.chunk_tokens - max(end, c * self.chunk_tokens)
-                end = (c + 1) * self.chunk_tokens
+        read_id = self._read_of.pop(id(seq), None)
+        if read_id is not None:
+            chunks = self._load_read(seq, read_id, len(hit.pages), gpu)
+        elif isinstance(hit, TieredHit) and hit.chunks:
+            chunks = self._load_l1(seq, hit)
+        else:
+            chunks = []
+        end = gpu
+        for c, tier in chunks:
+            loaded[tier] += (c + 1) * self.chunk_tokens - max(end, c * self.chunk_tokens)
+            end = (c + 1) * self.chunk_tokens
         seq.num_cached_tokens = seq.num_computed_tokens = end
         seq.cached_tokens = loaded
         for tier, n in loaded.items():
             self.stats.hit_tokens[tier] += n
         self.stats.computed_tokens += len(seq.token_ids) - end
 
+    def _load_read(self, seq: KVSeq, read_id: int, gpu_pages: int, gpu_tokens: int) -> list[tuple[int, str]]:
+        """Load the chunks of seq's finished read that continue its GPU hit (which may have changed since the read
+        began); (chunk index, tier) of each."""
+        read = self._reads.pop(read_id)
+        held = self._settled.pop(read_id)
+        tiers = self.agent.read_tiers(read_id)
+        if len(tiers) > held:
+            self.stats.failed_loads += 1  # another rank could not hold a chunk this one holds
+        ct, ppc = self.chunk_tokens, self.ppc
+        # the read's chunks from the first one the GPU hit does not cover; none when the GPU hit ends before the
+        # read's first chunk (its pages were evicted meanwhile: the rest would not be contiguous)
+        skip_chunks = max(0, gpu_tokens // ct - read.first)
+        count = max(0, held - skip_chunks) if read.first * ct <= gpu_tokens else 0
+        first = read.first + skip_chunks
+        skip = max(0, gpu_pages - first * ppc)
+        pages = seq.page_table[first * ppc : (first + count) * ppc]
+        self.agent.take_read(read_id, skip_chunks, count, skip, pages)
+        if self.sender is not None:
+            self._plan.loads.append((read_id, skip_chunks, count, skip, tuple(pages)))
+        return [(first + i, tiers[skip_chunks + i]) for i in range(count)]
+
+    def _load_l1(self, seq: KVSeq, hit: TieredHit) -> list[tuple[int, str]]:
+        """tp=1, every chunk in L1 (begin_read): acquire each and copy it up with the next forward pass."""
+        out = []
+        prefetcher = self.agent.prefetcher
+        for c, key, _ in hit.chunks:
+            got = self.l1.acquire(key)
+            if got is None:
+                self.stats.failed_loads += 1
+                break
+            tier = L2 if prefetcher is not None and prefetcher.take_loaded(key) else L1
+            skip = max(0, len(hit.pages) - c * self.ppc)  # pages of this chunk the GPU hit shares already
+            self.agent.queue_load(got[0], seq.page_table[c * self.ppc : (c + 1) * self.ppc], skip, tier)
+            out.append((c, tier))
+        return out
+
     # ------------------------------------------------------------------ counters and shutdown
 
     def flush(self) -> None:
-        """Wait until every chunk handed to the L2 writer is written (tests, shutdown), every rank's."""
+        """Wait until every chunk handed to the L2 writer is written (tests, shutdown), every rank's: the other
+        ranks' through a step with the plan alone (flush: then their counters, summed)."""
         self.flush_local()
-        if self.peers is not None:
-            counts = self.peers.flush()
-            if counts is not None:
-                self.stats.other_ranks = dict(zip(RANK_COUNTERS, counts, strict=True))
+        if self.sender is not None and not self.sender.closed:
+            self.sender.send_plan(self.take_plan(flush=True) or TierPlan(flush=True))
+            if self.agent.other_ranks is not None:
+                self.stats.other_ranks = dict(zip(RANK_COUNTERS, self.agent.other_ranks, strict=True))
 
     def flush_local(self) -> None:
-        """flush, this rank's agent only (its copies, prefetches and L2 writer: every L1 slot is free after)."""
+        """flush, this rank's agent only (its copies, prefetches and L2 writer)."""
         self.start_stores()
         self.agent.flush()
         self._fold_times()
@@ -288,3 +424,21 @@ class TieredConnector:
         finally:
             self._closed = True
             self.agent.close()
+
+
+class _PlanParts:
+    """The plan under construction (TierPlan's fields, as lists)."""
+
+    def __init__(self) -> None:
+        self.stores: list = []
+        self.prefetches: list = []
+        self.reads: list = []
+        self.loads: list = []
+        self.drops: list = []
+
+    def take(self, polls: tuple[int, ...], flush: bool) -> TierPlan:
+        plan = TierPlan(tuple(self.stores), tuple(self.prefetches), tuple(self.reads), tuple(self.loads),
+                        tuple(self.drops), polls, flush)
+        self.__init__()  # type: ignore[misc]
+        return plan
+

@@ -1,5 +1,5 @@
-"""The KV tiers a config asks for, over a runner's device KV cache: rank 0's connector (its own agent, and with
-parallel.tp > 1 the other ranks' shards through `peers`)."""
+"""The KV tiers a config asks for, over a runner's device KV cache: each rank's `TierAgent` (built by its runner),
+and rank 0's connector over rank 0's agent (with parallel.tp > 1, reaching the other ranks through `sender`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ from xrt.kvcache.device import DeviceKVCache
 from xrt.kvstore.agent import TierAgent
 from xrt.kvstore.build import key_namespace
 from xrt.kvstore.connector import TieredConnector
-from xrt.kvstore.peers import TierPeers
+from xrt.kvstore.peers import PlanSender
+from xrt.ops.parallel_state import TPState
 
 
-def build_connector(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None,
-                    peers: TierPeers | None = None) -> TieredConnector:
-    """cache.tiers=l1 / l1_l2; its namespace is tp_rank 0's (the workers' are their own, shard.py)."""
-    namespace = key_namespace(cfg, kv_cache.layout, checkpoint_dir, 0, cfg.parallel.tp)
-    return TieredConnector(TierAgent(cfg, kv_cache, namespace), cfg.cache, peers)
+def build_agent(cfg: XrtConfig, kv_cache: DeviceKVCache, checkpoint_dir: str | None, tp: TPState) -> TierAgent:
+    """cache.tiers=l1 / l1_l2, this rank's: its namespace (and so its keys and L2 directory) is its own."""
+    return TierAgent(cfg, kv_cache, key_namespace(cfg, kv_cache.layout, checkpoint_dir, tp.rank, tp.size), tp)
+
+
+def build_connector(cfg: XrtConfig, agent: TierAgent, sender: PlanSender | None = None) -> TieredConnector:
+    """Rank 0's, over its own agent."""
+    return TieredConnector(agent, cfg.cache, sender)

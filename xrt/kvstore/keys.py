@@ -46,6 +46,13 @@ class KeyNamespace:
         return self.digest().hex()
 
 
+def rank_key(digest: bytes, key: bytes) -> bytes:
+    """A tensor-parallel worker's key for the chunk rank 0 keys `key` (digest: the worker's namespace digest).
+    Rank 0's key names the whole prefix, the digest this rank's shard of it (tp_rank, tp_size), so two ranks' files
+    never share a name nor a directory (named by the namespace too), and a restart derives the same keys."""
+    return hashlib.sha256(digest + key).digest()
+
+
 def checkpoint_digest(checkpoint_dir: str | Path) -> str:
     """sha256 over the names, sizes and first/last MiB of the checkpoint's config and weight files: reading
     every byte of a 60 GB checkpoint at start costs minutes, and a changed file changes its size or its ends

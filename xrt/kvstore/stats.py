@@ -1,5 +1,5 @@
-"""What the KV tiers did, counted by the tiered manager (tiered.py) and its L2 writer: printed by `xrt run`
-at the end, recorded in `xrt bench` rows (`as_dict`, flat so two snapshots diff key by key)."""
+"""What the KV tiers did, counted by the tier connector (connector.py), its reader (reads.py) and its L2 writer:
+printed by `xrt run` at the end, recorded in `xrt bench` rows (`as_dict`, flat so two snapshots diff key by key)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ class TierStats:
     store_errors: L2 store batches that failed (nothing published); writer_restarts: times the L2 writer
     thread died and was started again; store_queue_max: the deepest the L2 store queue got.
     prefetched_chunks / prefetch_bytes / prefetch_s: L2 chunks read into L1 ahead of admission (prefetch.py)
-    and the time the prefetch thread spent on them; prefetch_wait_s: time admissions waited for a prefetch
-    still in flight (at most what recomputing would have cost); prefetch_errors: prefetch jobs that failed.
+    and the time the prefetch thread spent on them; prefetch_errors: prefetch jobs that failed. reads / read_wait_s:
+    requests that waited in the scheduler's reading state for their prefix to be held in L1 (reads.py), and
+    their time there in all (each at most what recomputing the prefix would have cost).
     l2_direct_io: 1 when L2 loads open the chunk files with O_DIRECT, 0 buffered (cache.l2.direct_io, l2.py;
     set by the L2 writer, which holds both). other_ranks (parallel.tp > 1): RANK_COUNTERS of the other ranks'
     tiers, summed, as of the last flush (rank 0's own are the fields above)."""
@@ -62,7 +63,8 @@ class TierStats:
     prefetched_chunks: int = 0
     prefetch_bytes: int = 0
     prefetch_s: float = 0.0
-    prefetch_wait_s: float = 0.0
+    reads: int = 0
+    read_wait_s: float = 0.0
     prefetch_errors: int = 0
     l2_direct_io: int = 0
     store_queue_now: int = 0  # the L2 writer's queue when the counters were last reported (not a count)
@@ -89,7 +91,8 @@ class TierStats:
             abandoned_loads=self.abandoned_loads, checksum_failures=self.checksum_failures,
             store_errors=self.store_errors, writer_restarts=self.writer_restarts,
             store_queue_max=self.store_queue_max, prefetched_chunks=self.prefetched_chunks,
-            prefetch_bytes=self.prefetch_bytes, prefetch_s=self.prefetch_s, prefetch_wait_s=self.prefetch_wait_s,
+            prefetch_bytes=self.prefetch_bytes, prefetch_s=self.prefetch_s, reads=self.reads,
+            read_wait_s=self.read_wait_s,
             prefetch_errors=self.prefetch_errors, l2_direct_io=self.l2_direct_io,
         )
         for name, value in (self.other_ranks or {}).items():
@@ -118,7 +121,7 @@ class TierStats:
             f"{self.store_errors}, writer restarts {self.writer_restarts}) | L2 loads skipped as slower "
             f"{self.skipped_slow}, abandoned {self.abandoned_loads}, failed {self.failed_loads}, checksum "
             f"failures {self.checksum_failures} | prefetched {self.prefetched_chunks} chunks"
-            f"{prefetch_rate} (admissions waited {self.prefetch_wait_s * 1e3:.0f} ms)"
+            f"{prefetch_rate} | {self.reads} requests waited {self.read_wait_s * 1e3:.0f} ms for reads"
             + (self._other_ranks_line() if self.other_ranks is not None else "")
         )
 

@@ -41,11 +41,16 @@ def all_gather(x: torch.Tensor, dim: int, group_size: int, group_name: str) -> t
 def min_over_ranks(value: int, tp: TPState) -> int:
     """The smallest `value` of every rank of `tp` (each rank sizes its own KV cache; all must hold the same
     pages). `value` at one rank."""
+    return mins_over_ranks([value], tp)[0]
+
+
+def mins_over_ranks(values: Sequence[int], tp: TPState) -> list[int]:
+    """Each of `values` at its smallest over the ranks of `tp` (every rank passes as many); `values` at one rank."""
     if tp.size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.cpu_group)
-    return int(t.item())
+    return t.tolist()
 
 
 def sum_over_ranks(values: Sequence[float], tp: TPState) -> list[float]:
