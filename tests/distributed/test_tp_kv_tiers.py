@@ -1,4 +1,5 @@
-"""KV tiers under tensor parallelism (xrt/kvstore/shard.py, xrt/distributed/kv_peers.py): tp=2 over gloo on CPU
+"""KV tiers under tensor parallelism (every rank's xrt/kvstore/agent.py, rank 0's plans riding in the steps,
+xrt/kvcache/plan.py): tp=2 over gloo on CPU
 with cache=l1_l2, greedy tokens equal to tp=1 with the GPU cache only, while prefixes come from every rank's
 own L1, then (a new run on the same directory) from every rank's own L2 namespace directory; when one rank
 lost its L2 files the ranks agree on the shorter hit (none), recompute, and that rank stores them again.
@@ -28,16 +29,11 @@ from xrt.config import (
     XrtConfig,
 )
 from xrt.distributed.driver import TPRunner
-from xrt.distributed.kv_wire import (
-    decode_kv_keys,
-    decode_kv_load,
-    decode_kv_store,
-    encode_kv_keys,
-    encode_kv_load,
-    encode_kv_store,
-)
+from xrt.distributed.wire import decode_launch, decode_step, encode_launch, encode_step
 from xrt.engine.llm import LLM
 from xrt.executor.runner import ModelRunner
+from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
+from xrt.kvcache.plan import TierPlan
 from xrt.kvstore.build import key_namespace
 from xrt.kvstore.connector import TieredConnector
 from xrt.kvstore.l2_files import l2_dir
@@ -185,21 +181,31 @@ def test_config_accepts_tiers_with_tensor_parallelism() -> None:
     assert not [p for p in cfg.check() if "tiers" in p[0] + p[1]]
 
 
-def test_kv_messages_round_trip() -> None:
+def test_plans_ride_in_the_steps_round_trip() -> None:
+    """Every field of a tier plan survives the wire inside a step and inside a launch, and a step without one
+    carries none."""
     rng = np.random.default_rng(0)
     keys = [rng.bytes(32) for _ in range(3)]
-    store = [(k, [3 * i, 3 * i + 1, 3 * i + 2]) for i, k in enumerate(keys)]
-    assert decode_kv_store(encode_kv_store(store)) == store
-    assert decode_kv_keys(encode_kv_keys(keys)) == keys
-    load = [(k, pages, i) for i, (k, pages) in enumerate(store)]
-    assert decode_kv_load(encode_kv_load(load)) == (load, None)
-    assert decode_kv_load(encode_kv_load(load, 0.25)) == (load, 0.25)
-    assert decode_kv_store(encode_kv_store([])) == [] and decode_kv_keys(encode_kv_keys([])) == []
+    plan = TierPlan(stores=tuple((k, (3 * i, 3 * i + 1, 3 * i + 2)) for i, k in enumerate(keys)),
+                    prefetches=(tuple(keys[:2]), ()), reads=((7, 0.25, tuple(keys)), (8, 0.0, ())),
+                    loads=((7, 1, 2, 1, (4, 5, 6, 7, 8, 9)),), drops=(3, 4), polls=(8,), flush=True)
+    step = StepInput(True, [SeqChunk([5, 6, 7], 4, [1, 2]), SeqChunk([9], 0, [3], False)], plan)
+    assert decode_step(encode_step(step)) == step
+    assert decode_step(encode_step(StepInput(False, [], TierPlan(polls=(1,))))) == StepInput(False, [],
+                                                                                            TierPlan(polls=(1,)))
+    assert decode_step(encode_step(StepInput(False, [SeqChunk([1], 3, [0])]))).tiers is None
+    batch = DecodeBatch([1, 0], [-1, 0], [3, 4], [0, 1], [[2], [5, 6]], plan)
+    got, has_after = decode_launch(encode_launch(batch, True, 4))
+    assert has_after and got.tiers == plan and list(got.positions) == [3, 4] and got.page_tables.tolist() == [
+        [2, 0], [5, 6]]
+    with pytest.raises(ValueError, match="32 bytes"):
+        TierPlan(drops=(1,), reads=((1, 0.0, (b"short",)),)).encode()
 
 
-def test_one_rank_has_no_peers(tiny_checkpoint_diverse: str, tmp_path: Path) -> None:
+def test_one_rank_sends_no_plans(tiny_checkpoint_diverse: str, tmp_path: Path) -> None:
     cfg = config(tiny_checkpoint_diverse, 1, KVTiers.L1, tmp_path)
-    assert tiers_of(LLM(cfg, runner=ModelRunner(cfg))).peers is None
+    with LLM(cfg, runner=ModelRunner(cfg)) as llm:
+        assert tiers_of(llm).sender is None and tiers_of(llm).take_plan() is None
 
 
 @pytest.fixture(autouse=True)

@@ -94,7 +94,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         self._poll_reads(idle=False)
         scheduled = self._schedule_prefill() or self._schedule_decode()
-        if scheduled is None and self.reading and not self.waiting:
+        if scheduled is None and self.reading:
             # nothing runs but reads: wait for one (briefly), then admit what it brought
             self._poll_reads(idle=True)
             scheduled = self._schedule_prefill()
@@ -102,7 +102,7 @@ class Scheduler:
             # The decode pass ended the last running sequence (alone, it filled the cache): its pages are free
             # now, for the sequences it preempted.
             scheduled = self._schedule_prefill()
-        if scheduled is None and self.waiting and not self.running:
+        if scheduled is None and self.waiting and not self.running and not self.reading:
             # Unreachable: admission refuses prompts the whole cache cannot hold, and a preempted sequence
             # held fewer pages than the cache has, so it fits again alone. End it rather than spin forever.
             seq = self.waiting[0]
@@ -252,7 +252,8 @@ class Scheduler:
             seqs.append(seq)
             chunks.append(self._chunk(seq, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
+        # a reading request counts as running: it is about to, and what its read holds stays held until then
+        while self.waiting and budget > 0 and len(self.running) + len(self.reading) < self.args.max_num_seqs:
             seq = self.waiting[0]
             hit = kv.lookup(seq.token_ids)
             if kv.begin_read(seq, hit):
