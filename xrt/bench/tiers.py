@@ -49,7 +49,7 @@ def with_tiers(cfg: XrtConfig, tiers: KVTiers, l2_root: Path | None = None, **ca
 
 def check_tiers_config(cfg: XrtConfig, tiers: Sequence[KVTiers]) -> None:
     """What XrtConfig.check would say of cfg with these cache.tiers (the scenario sets them itself); any
-    parallel.tp (each rank keeps its own shard of the tiers, xrt/kvstore/shard.py)."""
+    parallel.tp (each rank keeps its own shard of the tiers, its own xrt/kvstore/agent.py)."""
     if any(t is not KVTiers.GPU for t in tiers):
         if not cfg.cache.prefix_caching:
             raise BenchError("cache.prefix_caching: the KV tiers store and find prefixes: must be true")

@@ -164,7 +164,14 @@ class TierAgent:
         job = self._reads.get(read_id)
         if job is None:
             return 0
-        return len(job.held) if job.done else -1
+        if not (job.done or job.stopped):
+            if job.deadline is None or time.perf_counter() < job.deadline:
+                return -1
+            # the reader is still in a transfer past the deadline (an L2 batch's own deadline did not end it):
+            # the request gets what is held, and computes the rest
+            self.reader.stop(job)
+            self.stats.abandoned_loads += 1
+        return len(job.held)
 
     def read_tiers(self, read_id: int) -> list[str]:
         """The tier each held chunk came from (a finished read's)."""
@@ -268,15 +275,16 @@ class TierAgent:
     # ------------------------------------------------------------------ shutdown
 
     def flush(self) -> bool:
-        """Every copy, prefetch and queued L2 store done (waiting at most cache.l2.flush_timeout_s for the L2
-        writer); False when the writer did not finish in time (its queue is left to it)."""
+        """Every copy, prefetch, read and queued L2 store done (waiting at most cache.l2.flush_timeout_s in all);
+        False when they did not finish in time (what is queued is left to the threads)."""
         start = time.perf_counter()
         self.start_stores()
         self.start_loads()
         prefetched = self.prefetcher is None or self.prefetcher.flush(self.flush_timeout_s)
+        read = self.reader.flush(max(0.0, self.flush_timeout_s - (time.perf_counter() - start)))
         self.reap(wait=True)
         left = max(0.0, self.flush_timeout_s - (time.perf_counter() - start))
-        return (self.writer is None or self.writer.flush(left)) and prefetched
+        return (self.writer is None or self.writer.flush(left)) and prefetched and read
 
     def close(self) -> None:
         """flush, then stop the threads and the L2 agents; idempotent."""

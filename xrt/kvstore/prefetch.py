@@ -1,12 +1,12 @@
 """L2 -> L1 ahead of admission: loads that overlap other requests' compute.
 
 A request queued behind others (or behind the step the engine is running) does not need its prefix until the
-scheduler admits it. When it is queued, the tiered manager submits the keys of its L2-only prefix chunks here;
+scheduler admits it. When it is queued, the connector submits the keys of its L2-only prefix chunks here;
 a background thread reads them (batches of `cache.l2.load_batch_mb`, its own NIXL agent, role PREFETCH) into
-L1 slots, verifies and publishes them. At admission those chunks are L1 hits, or still being written: the
-lookup then waits for them only as long as recomputing them would take (tiered.py), so a prefetch can only
-make TTFT shorter. On a busy engine the read is hidden behind the running batch entirely, which is where L2
-pays off even when a synchronous load would be slower than recomputing.
+L1 slots, verifies and publishes them. At admission those chunks are L1 hits, or still being written: the request
+then waits in the reading state for them (reads.py) only as long as recomputing them would take, so a prefetch
+can only make TTFT shorter. On a busy engine the read is hidden behind the running batch entirely, which is where
+L2 pays off even when a load at admission would be slower than recomputing.
 
 A job stops at its first chunk that fails (the rest would not be contiguous with the prefix) and never takes
 more than half of L1's slots, so a prompt longer than L1 does not evict its own first chunks. The keys it
@@ -14,11 +14,11 @@ loaded are remembered (`take_loaded`), so the per-request counts say those token
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import OrderedDict
 
+from xrt.kvstore.jobs import JobThread
 from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.stats import TierStats
@@ -29,7 +29,7 @@ log = get_logger(__name__)
 QUEUE_JOBS = 256
 # keys loaded by prefetches and not yet claimed by an admission; the oldest are forgotten past this
 LOADED_KEYS = 1 << 16
-# how long a load waits for a prefetch of its chunk in flight without a deadline (load_policy=always)
+# how long a read waits for a prefetch of its chunk in flight without a deadline (load_policy=always)
 PREFETCH_WAIT_S = 600.0
 
 
@@ -52,39 +52,23 @@ class Prefetcher:
         self.l1, self.l2, self.stats = l1, l2, stats
         self.load_batch = load_batch
         self.max_chunks = max(1, l1.num_slots // 2)
-        self.jobs: queue.Queue[list[bytes] | None] = queue.Queue(QUEUE_JOBS)
         self._loaded: OrderedDict[bytes, None] = OrderedDict()
         self._loaded_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="xrt-kv-prefetch", daemon=True)
-        self._thread.start()
+        self._thread = JobThread("xrt-kv-prefetch", self._fetch, self._failed, QUEUE_JOBS)
+        self.jobs = self._thread.jobs
 
     def submit(self, keys: list[bytes]) -> bool:
         """Prefetch these L2 chunk keys, in prefix order; False when the queue is full (nothing queued)."""
-        if not keys or not self._thread.is_alive():
-            return False
-        try:
-            self.jobs.put_nowait(keys[: self.max_chunks])
-        except queue.Full:
-            return False
-        return True
+        return bool(keys) and self._thread.submit(keys[: self.max_chunks])
 
     def take_loaded(self, key: bytes) -> bool:
         """Whether a prefetch loaded `key` (and it is not claimed yet): its tokens count as L2's."""
         with self._loaded_lock:
             return self._loaded.pop(key, 0) is None
 
-    def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            try:
-                if job is None:
-                    return
-                self._fetch(job)
-            except Exception as e:  # noqa: BLE001  a failed prefetch is a miss, never a dead thread
-                self.stats.prefetch_errors += 1
-                log.warning("L2 prefetch failed: %s", e)
-            finally:
-                self.jobs.task_done()
+    def _failed(self, e: Exception) -> None:
+        self.stats.prefetch_errors += 1  # a failed prefetch is a miss
+        log.warning("L2 prefetch failed: %s", e)
 
     def _fetch(self, keys: list[bytes]) -> None:
         for b in range(0, len(keys), self.load_batch):
@@ -122,14 +106,8 @@ class Prefetcher:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted prefetch is done (tests, benchmarks, shutdown), at most timeout_s; False when
         they were not done by then."""
-        with self.jobs.all_tasks_done:
-            return self.jobs.all_tasks_done.wait_for(lambda: not self.jobs.unfinished_tasks, timeout_s)
+        return self._thread.flush(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
-        """flush (at most timeout_s), then stop the thread (a daemon: one still busy after that is left behind)."""
-        done = self.flush(timeout_s)
-        try:
-            self.jobs.put(None, timeout=timeout_s if done else 0.01)
-        except queue.Full:
-            return
-        self._thread.join(None if done else 0.01)  # done: nothing left but the stop item
+        """flush (at most timeout_s), then stop the thread."""
+        self._thread.close(timeout_s)

@@ -13,12 +13,12 @@ what it held."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from xrt.kvstore.jobs import JobThread
 from xrt.kvstore.l1 import L1Cache, L1Full
 from xrt.kvstore.l2 import L2Store
 from xrt.kvstore.policy import LoadPolicy
@@ -39,7 +39,8 @@ class ReadJob:
     deadline: float | None
     held: list[tuple[int, str]] = field(default_factory=list)
     done: bool = False
-    cancelled: bool = False
+    cancelled: bool = False  # what the thread would still hold is released (aborted, or stopped at the deadline)
+    stopped: bool = False  # settled at its deadline while the thread still read: held is final
     started: float = field(default_factory=time.perf_counter)
 
     def left_s(self) -> float | None:
@@ -56,20 +57,22 @@ class Reader:
         self.measured = measured and policy is not None
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # a job ended
-        self._jobs: queue.Queue[ReadJob | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="xrt-kv-read", daemon=True)
-        self._thread.start()
+        self._thread = JobThread("xrt-kv-read", self._do, self._failed)
 
     def submit(self, job: ReadJob) -> None:
-        if not self._thread.is_alive():
+        if not self._thread.submit(job):
             self._end(job)  # nothing held: the request computes its prefix
-            return
-        self._jobs.put(job)
 
     def wait(self, timeout_s: float) -> None:
         """Return once some job ends, or after timeout_s (an idle engine polling its reads)."""
         with self._ended:
             self._ended.wait(timeout_s)
+
+    def stop(self, job: ReadJob) -> None:
+        """The job's deadline passed with the thread still reading (a slow disk): `held` is final from now on, and
+        what the thread still brings up is published in L1 but not held."""
+        with self._lock:
+            job.cancelled = job.stopped = True
 
     def cancel(self, job: ReadJob) -> None:
         """The job's request is gone: release what it holds now, and what it would still hold."""
@@ -79,17 +82,15 @@ class Reader:
         for slot, _ in held:
             self.l1.release(slot)
 
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                self._read(job)
-            except Exception as e:  # noqa: BLE001  a failed read is a shorter hit, never a dead thread
-                log.warning("KV tier read failed: %s", e)
-            finally:
-                self._end(job)
+    def _do(self, job: ReadJob) -> None:
+        try:
+            self._read(job)
+        finally:
+            self._end(job)
+
+    @staticmethod
+    def _failed(e: Exception) -> None:
+        log.warning("KV tier read failed: %s", e)  # a shorter hit: the request computes the rest
 
     def _end(self, job: ReadJob) -> None:
         with self._ended:
@@ -168,16 +169,19 @@ class Reader:
                 self.l1.abort(slot)
                 complete = False  # the rest is not contiguous with the prefix (a verified chunk still goes to L1)
                 continue
-            self.l1.publish(slot, crc, keep=complete)
-            if complete:
-                if not self._hold(job, slot, L2):
-                    return 0
+            keep = complete and not job.cancelled
+            self.l1.publish(slot, crc, keep=keep)  # the rest of the batch is published either way
+            if keep and self._hold(job, slot, L2):
                 held += 1
         if not complete:
             self.stats.failed_loads += 1
             return 0
-        return held
+        return held if not job.cancelled else 0
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted read is over, at most timeout_s; False when they were not by then."""
+        return self._thread.flush(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout_s)
+        """flush (at most timeout_s), then stop the thread."""
+        self._thread.close(timeout_s)

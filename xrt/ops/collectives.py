@@ -1,7 +1,8 @@
 """Tensor-parallel collectives as `xrt::` ops (`xrt.ops.registry`) over the process group named by their
 `group_name` argument (`TPState.group_name`), resolved inside the op as torch's functional collectives do;
 identity without a group (""). Ops, so that a decode CUDA graph captures them and each rank replays its own
-graph. `min_over_ranks` and `sum_over_ranks` are host-side helpers (not ops) over a `TPState`'s CPU group."""
+graph. `min_over_ranks`, `mins_over_ranks` and `sum_over_ranks` are host-side helpers (not ops) over a
+`TPState`'s CPU group."""
 
 from __future__ import annotations
 
@@ -46,17 +47,17 @@ def min_over_ranks(value: int, tp: TPState) -> int:
 
 def mins_over_ranks(values: Sequence[int], tp: TPState) -> list[int]:
     """Each of `values` at its smallest over the ranks of `tp` (every rank passes as many); `values` at one rank."""
-    if tp.size == 1:
-        return list(values)
-    t = torch.tensor(list(values), dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.cpu_group)
-    return t.tolist()
+    return _over_ranks(values, tp, torch.int64, dist.ReduceOp.MIN)
 
 
 def sum_over_ranks(values: Sequence[float], tp: TPState) -> list[float]:
     """Each of `values` summed over the ranks of `tp` (every rank passes as many); `values` at one rank."""
+    return _over_ranks(values, tp, torch.float64, dist.ReduceOp.SUM)
+
+
+def _over_ranks(values: Sequence, tp: TPState, dtype: torch.dtype, op: dist.ReduceOp) -> list:
     if tp.size == 1:
         return list(values)
-    t = torch.tensor(list(values), dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=tp.cpu_group)
+    t = torch.tensor(list(values), dtype=dtype)
+    dist.all_reduce(t, op=op, group=tp.cpu_group)
     return t.tolist()
