@@ -93,7 +93,7 @@ def test_a_request_aborted_while_reading_releases_everything(diverse_cfg: Callab
             assert len(sched.reading) == 1
             seq = sched.reading[0]
             sched.finish(seq, "abort")
-            assert not sched.has_unfinished() and not tiers._reads and not tiers.agent._reads
+            assert not sched.has_unfinished() and not len(tiers.readings) and not tiers.agent._reads
             gate.set()
         tiers.flush()  # the read thread's batch in flight lands, and is released (nothing references it)
         l1 = tiers.l1

@@ -169,8 +169,7 @@ class TierAgent:
                 return -1
             # the reader is still in a transfer past the deadline (an L2 batch's own deadline did not end it):
             # the request gets what is held, and computes the rest
-            self.reader.stop(job)
-            self.stats.abandoned_loads += 1
+            self.reader.stop(job)  # counted abandoned
         return len(job.held)
 
     def read_tiers(self, read_id: int) -> list[str]:

@@ -30,10 +30,7 @@ never disagree on what is computed; a chunk another rank lacks costs its recompu
 from __future__ import annotations
 
 import atexit
-import itertools
-import time
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -47,27 +44,13 @@ from xrt.kvstore.keys import ChunkKeyCache
 from xrt.kvstore.l1 import L1Full
 from xrt.kvstore.peers import PlanSender
 from xrt.kvstore.policy import PrefillClock
+from xrt.kvstore.reading import PlanParts, Read, Readings
 from xrt.kvstore.stats import GPU, L1, L2, RANK_COUNTERS, TierStats
 
 __all__ = ["GPU", "L1", "L2", "TierStats", "TieredConnector", "TieredHit"]
 
 # L1 keys of the start-up bandwidth probe's scratch slots (29 bytes: never a 32-byte sha256 chunk key)
 PROBE_KEY = b"xrt-l2-bandwidth-probe-slot-"
-# how long an idle engine's poll waits for one of its reads to end before it looks again (a bound, not a cost: the
-# poll returns as soon as a read ends)
-IDLE_POLL_S = 0.005
-
-
-@dataclass
-class _Read:
-    """A request in the reading state: `first` is the chunk index its read starts at, `count` how many chunks."""
-
-    seq: KVSeq
-    first: int
-    count: int
-    started: float
-
-
 class TieredConnector:
     def __init__(self, agent: TierAgent, cache: CacheArgs, sender: PlanSender | None = None) -> None:
         self.agent = agent
@@ -82,11 +65,8 @@ class TieredConnector:
         self.policy = agent.policy
         self.prefill_clock = PrefillClock(agent.copier.kv.device)
         self.pages: PagePins | None = None
-        self._read_ids = itertools.count(1)
-        self._reads: dict[int, _Read] = {}  # read id -> its request, reading or settled
-        self._read_of: dict[int, int] = {}  # id(seq) -> read id
-        self._settled: dict[int, int] = {}  # read id -> leading chunks every rank holds (not admitted yet)
-        self._plan = _PlanParts()  # the other ranks' share of what was decided since the last step
+        self._plan = PlanParts()  # the other ranks' share of what was decided since the last step
+        self.readings = Readings(agent, self.stats, self._plan, sender)
         self._closed = False
         self.device_name = "cpu"
         if self.l2 is not None:
@@ -254,8 +234,9 @@ class TieredConnector:
         """Whether seq must wait in the reading state before its admission: its hit has chunks L1 does not hold
         yet (or, with tensor parallelism, any tier chunks: every rank must hold them before any loads). Starts the
         read; a request whose read is over (or that has none) is admitted now."""
-        if seq_read := self._read_of.get(id(seq)):
-            return seq_read not in self._settled
+        state = self.readings.state(seq)
+        if state is not None:
+            return state
         if not isinstance(hit, TieredHit) or not hit.chunks:
             return False
         waits = sum(not self.l1.contains(key) for _, key, _ in hit.chunks)
@@ -263,65 +244,21 @@ class TieredConnector:
             return False  # every chunk is in L1: acquired and copied up at admission (on_alloc)
         ct, nbytes = self.chunk_tokens, self.layout.nbytes
         deadline = self.policy.deadline_s(waits * ct, waits * nbytes) if self.measured and waits else 0.0
-        read_id = next(self._read_ids)
-        keys = [key for _, key, _ in hit.chunks]
-        self.agent.begin_read(read_id, keys, deadline)
-        if self.sender is not None:
-            self._plan.reads.append((read_id, deadline, tuple(keys)))
-        self._reads[read_id] = _Read(seq, hit.chunks[0][0], len(keys), time.perf_counter())
-        self._read_of[id(seq)] = read_id
-        self.stats.reads += 1
+        self.readings.begin(seq, [key for _, key, _ in hit.chunks], hit.chunks[0][0], deadline)
         return True
 
     def poll_reads(self, idle: bool) -> list[KVSeq]:
-        """The requests whose read is over (every rank's), in the order they began; idle: nothing else would run,
-        so wait a little for one (with tensor parallelism, ask the ranks with a step of the plan alone)."""
-        self.agent.reap()  # a read may wait for a gather of this rank's to be published
-        if len(self._settled) == len(self._reads):
-            return []
-        done = self._settle()
-        if not done and idle:
-            if all(self.agent.read_progress(r) < 0 for r in self._reads if r not in self._settled):
-                self.agent.reader.wait(IDLE_POLL_S)
-            if self.sender is not None:
-                self.sender.send_plan(self.take_plan() or TierPlan())
-            done = self._settle()
-        return done
-
-    def _settle(self) -> list[KVSeq]:
-        done = []
-        now = time.perf_counter()
-        for read_id, read in self._reads.items():
-            if read_id in self._settled:
-                continue
-            if self.sender is None:
-                held = self.agent.read_progress(read_id)
-            else:
-                held = self.agent.agreed.pop(read_id, -1)
-            if held >= 0:
-                self._settled[read_id] = held
-                self.stats.read_wait_s += now - read.started
-                done.append(read.seq)
-        return done
+        return self.readings.poll(idle)
 
     def drop_read(self, seq: KVSeq) -> None:
-        """seq leaves the reading state without an admission (aborted, finished): its held chunks are released."""
-        read_id = self._read_of.pop(id(seq), None)
-        if read_id is None:
-            return
-        del self._reads[read_id]
-        self._settled.pop(read_id, None)
-        self.agent.drop_read(read_id)
-        if self.sender is not None:
-            self._plan.drops.append(read_id)
+        self.readings.drop(seq)
 
     def take_plan(self, flush: bool = False) -> TierPlan | None:
         """The other ranks' share of what was decided since the last plan, with a poll of the reads in flight;
         None at tp=1 or when there is nothing to say."""
         if self.sender is None:
             return None
-        polls = tuple(r for r in self._reads if r not in self._settled)
-        return self._plan.take(polls, flush) or None
+        return self._plan.take(self.readings.in_flight(), flush) or None
 
     # ------------------------------------------------------------------ admission: held chunks -> pages
 
@@ -333,9 +270,9 @@ class TieredConnector:
         loaded = {GPU: gpu, L1: 0, L2: 0}
         if isinstance(hit, TieredHit):
             self.stats.skipped_slow += hit.skipped
-        read_id = self._read_of.pop(id(seq), None)
-        if read_id is not None:
-            chunks = self._load_read(seq, read_id, len(hit.pages), gpu)
+        read = self.readings.take(seq)
+        if read is not None:
+            chunks = self._load_read(seq, *read, len(hit.pages), gpu)
         elif isinstance(hit, TieredHit) and hit.chunks:
             chunks = self._load_l1(seq, hit)
         else:
@@ -350,11 +287,12 @@ class TieredConnector:
             self.stats.hit_tokens[tier] += n
         self.stats.computed_tokens += len(seq.token_ids) - end
 
-    def _load_read(self, seq: KVSeq, read_id: int, gpu_pages: int, gpu_tokens: int) -> list[tuple[int, str]]:
+    def _load_read(self, seq: KVSeq, read_id: int, read: Read, gpu_pages: int,
+                   gpu_tokens: int) -> list[tuple[int, str]]:
         """Load the chunks of seq's finished read that continue its GPU hit (which may have changed since the read
         began); (chunk index, tier) of each."""
-        read = self._reads.pop(read_id)
-        held = self._settled.pop(read_id)
+        held = read.held
+        assert held is not None, "admitted before its read was over"
         tiers = self.agent.read_tiers(read_id)
         if len(tiers) > held:
             self.stats.failed_loads += 1  # another rank could not hold a chunk this one holds
@@ -424,21 +362,4 @@ class TieredConnector:
         finally:
             self._closed = True
             self.agent.close()
-
-
-class _PlanParts:
-    """The plan under construction (TierPlan's fields, as lists)."""
-
-    def __init__(self) -> None:
-        self.stores: list = []
-        self.prefetches: list = []
-        self.reads: list = []
-        self.loads: list = []
-        self.drops: list = []
-
-    def take(self, polls: tuple[int, ...], flush: bool) -> TierPlan:
-        plan = TierPlan(tuple(self.stores), tuple(self.prefetches), tuple(self.reads), tuple(self.loads),
-                        tuple(self.drops), polls, flush)
-        self.__init__()  # type: ignore[misc]
-        return plan
 

@@ -41,6 +41,7 @@ class ReadJob:
     done: bool = False
     cancelled: bool = False  # what the thread would still hold is released (aborted, or stopped at the deadline)
     stopped: bool = False  # settled at its deadline while the thread still read: held is final
+    abandoned: bool = False  # counted in abandoned_loads (once, whoever stops it)
     started: float = field(default_factory=time.perf_counter)
 
     def left_s(self) -> float | None:
@@ -73,6 +74,13 @@ class Reader:
         what the thread still brings up is published in L1 but not held."""
         with self._lock:
             job.cancelled = job.stopped = True
+        self._abandon(job)
+
+    def _abandon(self, job: ReadJob) -> None:
+        """The read stopped short on purpose (deadline, policy): counted once."""
+        with self._lock:
+            first, job.abandoned = not job.abandoned, True
+        self.stats.abandoned_loads += first
 
     def cancel(self, job: ReadJob) -> None:
         """The job's request is gone: release what it holds now, and what it would still hold."""
@@ -131,13 +139,13 @@ class Reader:
         are now held (0: stop here)."""
         assert self.l2 is not None
         if job.left_s() == 0.0:
-            self.stats.abandoned_loads += 1  # the deadline passed while earlier chunks were waited for
+            self._abandon(job)  # the deadline passed while earlier chunks were waited for
             return 0
         if job.held and self.measured:
             assert self.policy is not None
             left = len(job.keys) - start
             if not self.policy.worth_loading(left * self.chunk_tokens, left * self.nbytes):
-                self.stats.abandoned_loads += 1
+                self._abandon(job)
                 return 0
         fresh: list[tuple[bytes, int]] = []
         for key in job.keys[start : start + self.load_batch]:
@@ -155,7 +163,7 @@ class Reader:
         aborts: Callable[[], object] = lambda slots=[s for _, s in fresh]: [self.l1.abort(s) for s in slots]  # noqa: E731
         result = self.l2.load(fresh, job.left_s(), on_late=aborts)
         if result.late:
-            self.stats.abandoned_loads += 1
+            self._abandon(job)
             return 0
         good = sum(crc is not None for crc in result.crcs)
         self.stats.loaded_bytes[L2] += good * self.nbytes

@@ -1,0 +1,157 @@
+"""results.md from the result lines: one latency table per (model, input, output, dtype, device), a
+throughput table, the KV-tier scenarios' tables (prefix, multiturn: xrt.bench.tier_table) and the kernels
+scenario's (xrt.bench.kernels.table). Later lines for the same row replace earlier ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.kernels.table import render_kernels
+from xrt.bench.results import Record
+
+LatencyKey = tuple[str, int, int, str, str]
+
+# Config fields that differ between jobs without making a different row: the batch (a row's own
+# column), the executor (the label's head) and where the results go.
+SAME_ROW = {"bench.batch", "bench.out_dir", "executor.kind"}
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _labels(records: list[Record]) -> list[str]:
+    """executor, plus the config fields that vary between the group's lines (a sweep over them)."""
+    flats = [flatten(r.get("config") or {}) for r in records]
+    keys = sorted({k for f in flats for k in f} - SAME_ROW)
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    return [
+        r["executor"] + (" " + " ".join(f"{k}={f.get(k)}" for k in varying) if varying else "")
+        for r, f in zip(records, flats, strict=True)
+    ]
+
+
+def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
+    """Rows per (model, lengths, dtype, device), each with a "label" (executor and swept fields); the
+    last line per (label, batch) wins; sorted by label then batch."""
+    groups: dict[LatencyKey, list[Record]] = {}
+    for r in records:
+        if r.get("scenario") == "latency":
+            key = (r["model"], r["input_len"], r["output_len"], r["dtype"], r["device_name"])
+            groups.setdefault(key, []).append(r)
+    out: dict[LatencyKey, list[Record]] = {}
+    for key, rs in groups.items():
+        rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, _labels(rs), strict=True)}
+        out[key] = [rows[x] for x in sorted(rows)]
+    return out
+
+
+def throughput_rows(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.get("scenario") == "throughput"]
+
+
+def _ms(x: Any) -> str:
+    return "–" if x is None else f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
+
+
+def _ratio(x: Any) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def _spread(r: Record, name: str) -> str:
+    """The median and, over two or more timed runs, their range: `1.507 (1.231–1.782)`."""
+    runs = [x for x in r.get(f"{name}_all") or [] if x is not None]
+    if len(runs) < 2:
+        return _ms(r[name])
+    return f"{_ms(r[name])} ({_ms(min(runs))}–{_ms(max(runs))})"
+
+
+def _pair(a: Any, b: Any) -> str:
+    return "–" if a is None and b is None else f"{_ms(a)} / {_ms(b)}"
+
+
+def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
+    model, input_len, output_len, dtype, dev = key
+    xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
+    head = rows[0]
+    lines = [
+        f"## Latency: {model}, input {input_len}, output {output_len}, {dtype}, {dev}",
+        "",
+        f"torch {head['torch']}, commit {head['git_commit']}, warm-up {head['warmup']}, "
+        f"median of {head['iters']}; copy bandwidth {head.get('bandwidth_gbps') or 0:.0f} GB/s.",
+        "",
+        "| executor | batch | bucket | TTFT ms (min–max) | TPOT ms (min–max) | HF TTFT ms | HF TPOT ms "
+        "| HF/ours TTFT | HF/ours TPOT | xLLM py_graph TTFT / TPOT | xLLM cpp_graph TTFT / TPOT | floor ms "
+        "| % of floor |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        x = xllm.get(r["batch"], {})
+        bucket = "–" if r.get("bucket") is None else str(r["bucket"])
+        if r["status"] != "ok":
+            lines.append(f"| {r['label']} | {r['batch']} | {bucket} | skipped: {r['reason']} |" + " |" * 9)
+            continue
+        pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
+        lines.append(
+            f"| {r['label']} | {r['batch']} | {bucket} | {_spread(r, 'ttft_ms')} | {_spread(r, 'tpot_ms')} "
+            f"| {_ms(r.get('peer_ttft_ms'))} | {_ms(r.get('peer_tpot_ms'))} "
+            f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
+            f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "
+            f"| {_pair(x.get('cpp_graph_ttft'), x.get('cpp_graph_tpot'))} "
+            f"| {_ms(r.get('floor_ms'))} | {pct} |"
+        )
+    return lines
+
+
+def _throughput_table(rows: list[Record]) -> list[str]:
+    lines = [
+        "## Throughput (all requests submitted at once)",
+        "",
+        "| executor | model | device | requests | lengths | input tokens | output tokens | wall s "
+        "| tokens/s | output tokens/s |",
+        "|---|---|---|--:|---|--:|--:|--:|--:|--:|",
+    ]
+    # Labelled as the latency rows are: a sweep's rows differ by the fields it varies.
+    for r, label in zip(rows, _labels(rows), strict=True):
+        lines.append(
+            f"| {label} | {r['model']} | {r['device_name']} | {r['num_requests']} "
+            f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
+            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} |"
+        )
+    return lines
+
+
+NOTES = [
+    "TTFT: wall time of the prefill of the whole batch (until every sequence has its first token). "
+    "TPOT: mean decode step. TTFT and TPOT are the median of the timed runs, (min–max) across them. "
+    "HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; HF/ours > 1 means we are faster. "
+    "xLLM: published H100 figures (PR 1891), shown only for input 1024 / output 256. "
+    "floor: (weight bytes + KV bytes read by a mean decode step) / measured copy bandwidth; "
+    "% of floor = floor / TPOT.",
+]
+
+
+def render_markdown(records: list[Record]) -> str:
+    lines = ["# xrt bench", ""]
+    latency = latency_groups(records)
+    for key, rows in latency.items():
+        lines += _latency_table(key, rows) + [""]
+    tput = throughput_rows(records)
+    if tput:
+        lines += _throughput_table(tput) + [""]
+    from xrt.bench.tier_table import render_tiers  # it builds on this module's labels and formats
+
+    tiers = render_tiers(records)
+    lines += tiers
+    kernels = render_kernels(records)
+    lines += kernels
+    if latency or tput or not (kernels or tiers):
+        lines += NOTES
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,53 @@
+"""What a graph manager is built from, given explicitly: the model, the attention backend, how graphs are
+taken, and the device and page layout. Both managers' captured bodies end the same way (lm_head into static
+logits, greedy argmax), so that lives here once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from xrt.attention.backend import AttentionBackend
+from xrt.attention.context import forward_context
+from xrt.attention.metadata import AttentionMetadata
+from xrt.executor.graphs.capture import CaptureStrategy
+
+
+class GraphModel(Protocol):
+    """What the graphs need of the model (`xrt.models.qwen3.Qwen3ForCausalLM`)."""
+
+    lm_head: torch.nn.Module
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class GraphParts:
+    model: GraphModel
+    backend: AttentionBackend
+    capture: CaptureStrategy
+    device: torch.device
+    page_size: int
+    argmax: bool  # greedy argmax inside the graphs (executor.capture_sampling)
+
+    def static_logits(self, rows: int) -> torch.Tensor:
+        """[rows, vocab] in the model dtype: what lm_head writes inside a graph."""
+        head = self.model.lm_head
+        return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)  # type: ignore[arg-type]
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                kv_ready: Sequence[torch.cuda.Event | None] | None = None) -> torch.Tensor:
+        with forward_context(meta, self.backend, kv_ready):
+            return self.model(input_ids, meta.positions)
+
+    def logits_into(self, hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor) -> None:
+        """lm_head of `hidden` into the static `logits`, and with argmax its greedy tokens into `argmax`."""
+        logits.copy_(self.model.compute_logits(hidden))
+        if self.argmax:
+            # Over the model-dtype logits: widening to float32 is exact, so the argmax is the same.
+            torch.argmax(logits, dim=-1, out=argmax)

@@ -1,0 +1,144 @@
+"""The paged KV cache as the scheduler sees it (nano-vllm style prefix caching, in one place).
+
+The scheduler admits a sequence with `lookup` (the longest cached prefix), `can_allocate` and
+`allocate`; grows it page by page with `can_append` / `append`; records computed KV with `commit`;
+and gives its pages back with `free`. Pages live in a `PagePool` (ref counts, pins, prefix index,
+free list in eviction order); every admitted sequence also has a row in `page_tables`, the
+[rows, pages] int32 array a decode launch gathers its page tables from.
+
+Where KV tiers attach (`xrt/kvstore/tiered.py` does this; the shape of vLLM's offloading manager: lookup /
+prepare_load / complete_load / prepare_store / complete_store), with no change to the scheduler:
+- store: `add_commit_listener` reports newly full, computed pages with their keys and token range;
+  the tier pins what it copies (`pin`) and unpins when the copy is done.
+- load: a tiered manager extends `lookup` to continue the key chain in L1, then L2 (a hit whose
+  num_tokens reaches past its GPU `pages`) and `allocate` to fill the fresh pages after hit.pages
+  from the tier, pinned while the load runs, ordered before the next forward pass. The scheduler
+  already admits by hit.num_tokens, counts only hit.pages as shared and prefills the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xrt.kvcache.interface import NO_HIT, CommitListener, CommittedPages, KVSeq, PrefixHit
+from xrt.kvcache.page_tables import PageTables
+from xrt.kvcache.pool import PagePool
+
+
+class KVCacheManager:
+    def __init__(self, num_pages: int, page_size: int, prefix_caching: bool) -> None:
+        self.pool = PagePool(num_pages, page_size)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.prefix_caching = prefix_caching
+        self.tables = PageTables()
+        self._listeners: list[CommitListener] = []
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages that can be handed out now (cached ones among them keep their keys until then)."""
+        return len(self.pool.free)
+
+    @property
+    def page_tables(self) -> np.ndarray:
+        """[rows, pages] int32: row `seq.table_row` holds seq's page table. Re-read it after an
+        allocate or append: growing it replaces the array."""
+        return self.tables.table
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """listener(CommittedPages) runs inside `commit`, once for each call that made pages full and
+        computed (only with prefix caching on)."""
+        self._listeners.append(listener)
+
+    def lookup(self, token_ids: list[int]) -> PrefixHit:
+        """The longest cached prefix of token_ids, leaving at least the last token to recompute so
+        the sequence gets logits."""
+        if not self.prefix_caching:
+            return NO_HIT
+        pages, hashes = self.pool.match(token_ids, (len(token_ids) - 1) // self.page_size)
+        if not pages:
+            return NO_HIT
+        return PrefixHit(tuple(pages), tuple(hashes), len(pages) * self.page_size)
+
+    def can_allocate(self, seq: KVSeq, hit: PrefixHit) -> bool:
+        """Whether `allocate(seq, hit)` finds its pages (hit pages on the free list count as taken)."""
+        fresh = self.pages_for(len(seq.token_ids)) - len(hit.pages)
+        return self.num_free_pages - self.pool.num_free_among(hit.pages) >= fresh
+
+    def allocate(self, seq: KVSeq, hit: PrefixHit) -> None:
+        """Pages for all of seq.token_ids, sharing hit's pages (`lookup(seq.token_ids)`, just taken);
+        sets num_cached_tokens / num_computed_tokens to the hit."""
+        assert not seq.page_table, "the sequence already holds pages"
+        pool = self.pool
+        for pid, key in zip(hit.pages, hit.hashes, strict=True):
+            pool.share(pid, key)
+        seq.page_table = list(hit.pages)
+        seq.page_hashes = list(hit.hashes)
+        # Ascending: which free page holds which position does not matter to attention, and runs of consecutive
+        # pages make a KV tier's copy of a chunk one strided copy instead of one per page (the free list hands
+        # a freed sequence's pages back tail first, descending).
+        seq.page_table.extend(sorted(pool.take() for _ in range(self.pages_for(len(seq.token_ids)) - len(hit.pages))))
+        self.tables.assign(seq)
+        seq.num_cached_tokens = hit.num_tokens
+        seq.cached_tokens = {"gpu": hit.num_tokens}
+        seq.num_computed_tokens = hit.num_tokens
+
+    def needs_page(self, seq: KVSeq) -> bool:
+        """Whether seq's next decode step opens a page (its tokens, those in flight included, fill its pages)."""
+        return len(seq.token_ids) + seq.num_pending_tokens > len(seq.page_table) * self.page_size
+
+    def can_append(self, seq: KVSeq) -> bool:
+        return not self.needs_page(seq) or self.num_free_pages > 0
+
+    def append(self, seq: KVSeq) -> None:
+        """Ensures the pages cover every token of seq, those in flight included (the newest one is
+        written next step)."""
+        while self.pages_for(len(seq.token_ids) + seq.num_pending_tokens) > len(seq.page_table):
+            seq.page_table.append(self.pool.take())
+            self.tables.appended(seq)
+
+    def commit(self, seq: KVSeq, num_computed: int | None = None) -> None:
+        """Keys the pages that became full and computed, so later prompts can reuse them, and tells
+        the commit listeners. num_computed: tokens whose KV is known computed (default
+        seq.num_computed_tokens, which also counts decode steps still in flight)."""
+        if not self.prefix_caching:
+            return
+        computed = seq.num_computed_tokens if num_computed is None else num_computed
+        first, last = len(seq.page_hashes), computed // self.page_size
+        if last <= first:
+            return
+        hashes = seq.page_hashes
+        self.pool.register(seq.page_table, hashes, seq.token_ids, last)
+        if self._listeners:
+            ps = self.page_size
+            event = CommittedPages(seq, seq.page_table[first:last], hashes[first:last], first * ps, last * ps)
+            for listener in self._listeners:
+                listener(event)
+
+    def free(self, seq: KVSeq) -> None:
+        # Tail pages first, so the end of a prefix is evicted before its start.
+        self.pool.release(reversed(seq.page_table))
+        self.tables.release(seq)
+        seq.page_table = []
+        seq.page_hashes = []
+        seq.num_computed_tokens = 0
+
+    def pin(self, page_ids: list[int]) -> None:
+        """Hold pages while a transfer reads or fills them: not handed out or evicted, even once freed."""
+        self.pool.pin(page_ids)
+
+    def unpin(self, page_ids: list[int]) -> None:
+        self.pool.unpin(page_ids)
+
+    def evict(self, max_pages: int | None = None) -> list[int]:
+        """Forget the prefix-cache keys of up to max_pages keyed free pages (None: all), next to be
+        reused first; returns those pages. Pages in use or pinned keep theirs."""
+        return self.pool.evict(max_pages)
+
+    @property
+    def cached(self) -> dict[bytes, int]:
+        """The prefix index: page key -> page holding that KV."""
+        return self.pool.cached

@@ -1,0 +1,156 @@
+"""The KV pages' host-side records: reference counts, pins, the prefix index and the free list.
+
+A full page whose KV has been computed is keyed by a chained hash of its token ids (blake2b over the
+parent page's hash and the ids; never Python's salted `hash()`). A page whose reference count drops to
+zero goes to the back of the free list but keeps its key, so a later prompt with the same prefix can
+take it back until it is handed out again: the free list is the eviction order (least recently freed
+first), and handing a page out evicts its key. A pinned page (a transfer is reading or filling it) is
+never on the free list, so it is neither handed out nor evicted until its last unpin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def page_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
+    return _hash(parent, array("q", token_ids).tobytes())
+
+
+def _hash(parent: bytes | None, data: bytes) -> bytes:
+    """page_hash of a page's token ids already as bytes (int64, native order)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"\0" * 16)
+    h.update(data)
+    return h.digest()
+
+
+def _page_bytes(token_ids: list[int], num_pages: int, page_size: int) -> list[bytes]:
+    """The token ids of the first num_pages pages as bytes, one string per page: one conversion for all of
+    them (per page it was most of a lookup's host time: ~2 ms for an 8k-token prompt)."""
+    raw = array("q", token_ids[: num_pages * page_size]).tobytes()
+    step = 8 * page_size
+    return [raw[i * step : (i + 1) * step] for i in range(num_pages)]
+
+
+@dataclass(slots=True)
+class Page:
+    page_id: int
+    ref_count: int = 0
+    pins: int = 0
+    hash: bytes | None = None
+    data: bytes = b""  # its token ids as bytes (int64): what a hash match is checked against
+
+
+class PagePool:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 1:
+            raise ValueError(f"cache.num_pages: must be >= 1, got {num_pages}")
+        self.page_size = page_size
+        self.pages = [Page(i) for i in range(num_pages)]
+        # Insertion-ordered: the front is the page freed longest ago, handed out first. An
+        # OrderedDict, not a dict: taking from the front of a dict scans the entries deleted there.
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
+        self.cached: dict[bytes, int] = {}
+
+    def match(self, token_ids: list[int], num_pages: int) -> tuple[list[int], list[bytes]]:
+        """Cached pages (and their keys) holding the longest prefix of token_ids, at most num_pages."""
+        pages: list[int] = []
+        hashes: list[bytes] = []
+        parent: bytes | None = None
+        for data in _page_bytes(token_ids, num_pages, self.page_size):
+            h = _hash(parent, data)
+            pid = self.cached.get(h)
+            if pid is None or self.pages[pid].data != data:
+                break
+            pages.append(pid)
+            hashes.append(h)
+            parent = h
+        return pages, hashes
+
+    def num_free_among(self, page_ids: Iterable[int]) -> int:
+        return sum(1 for p in page_ids if p in self.free)
+
+    def share(self, page_id: int, key: bytes) -> None:
+        """One more holder of a cached page (a prefix hit); it leaves the free list if it was there."""
+        page = self.pages[page_id]
+        if page.hash != key:
+            raise RuntimeError(f"page {page_id} no longer holds the prefix it was found with (stale PrefixHit)")
+        if page.ref_count == 0 and not page.pins:
+            del self.free[page_id]
+        page.ref_count += 1
+
+    def take(self) -> int:
+        """A page for new KV: the front of the free list, whose prefix-cache key is evicted."""
+        if not self.free:
+            raise RuntimeError("no free KV page (the scheduler must check can_allocate/can_append first)")
+        pid, _ = self.free.popitem(last=False)
+        page = self.pages[pid]
+        if page.hash is not None:  # evict its key (inline: this runs for every page handed out)
+            if self.cached.get(page.hash) == pid:
+                del self.cached[page.hash]
+            page.hash = None
+            page.data = b""
+        page.ref_count = 1
+        return pid
+
+    def release(self, page_ids: Iterable[int]) -> None:
+        """Drop one holder of each page; unheld, unpinned pages join the back of the free list in this order."""
+        for pid in page_ids:
+            page = self.pages[pid]
+            page.ref_count -= 1
+            assert page.ref_count >= 0, f"page {pid} freed twice"
+            if page.ref_count == 0 and not page.pins:
+                self.free[pid] = None
+
+    def register(self, page_table: list[int], hashes: list[bytes], token_ids: list[int], num_full: int) -> None:
+        """Key the pages page_table[len(hashes) : num_full] (full, their KV computed) for reuse,
+        extending the chain `hashes`; a key another page holds already keeps that page."""
+        first = len(hashes)
+        if num_full <= first:
+            return
+        ps = self.page_size
+        for i, data in enumerate(_page_bytes(token_ids[first * ps :], num_full - first, ps), start=first):
+            key = _hash(hashes[-1] if hashes else None, data)
+            hashes.append(key)
+            if key not in self.cached:
+                pid = page_table[i]
+                self.cached[key] = pid
+                page = self.pages[pid]
+                page.hash = key
+                page.data = data
+
+    def pin(self, page_ids: Iterable[int]) -> None:
+        for pid in page_ids:
+            page = self.pages[pid]
+            if page.ref_count == 0 and not page.pins:
+                del self.free[pid]
+            page.pins += 1
+
+    def unpin(self, page_ids: Iterable[int]) -> None:
+        for pid in page_ids:
+            page = self.pages[pid]
+            page.pins -= 1
+            assert page.pins >= 0, f"page {pid} unpinned more often than pinned"
+            if page.pins == 0 and page.ref_count == 0:
+                self.free[pid] = None
+
+    def evict(self, max_pages: int | None = None) -> list[int]:
+        """Drop the prefix-cache keys of up to max_pages keyed free pages (None: all), in eviction
+        order; the pages stay free. Returns the pages whose keys were dropped."""
+        evicted: list[int] = []
+        for pid in self.free:
+            if max_pages is not None and len(evicted) >= max_pages:
+                break
+            page = self.pages[pid]
+            if page.hash is not None:
+                if self.cached.get(page.hash) == pid:
+                    del self.cached[page.hash]
+                page.hash = None
+                page.data = b""
+                evicted.append(pid)
+        return evicted

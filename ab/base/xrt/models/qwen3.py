@@ -1,0 +1,167 @@
+"""Qwen3 dense decoder (Qwen3ForCausalLM) over xrt's layers: paged attention with per-head
+q/k RMSNorm, gated MLP, optional tied LM head. Weight names follow the HF checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from xrt.config import ModelArgs
+from xrt.layers.attention import QKNormSelfAttention
+from xrt.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from xrt.layers.mlp import GatedMLP
+from xrt.layers.norm import RMSNorm
+from xrt.layers.rotary import RotaryEmbedding
+from xrt.layers.weights import WeightShapeError, default_weight_loader
+from xrt.models.errors import TensorError
+
+# Checkpoint tensors with no parameter here that are safe to skip (recomputed, not learned).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(
+        self, args: ModelArgs, rotary: RotaryEmbedding, layer_idx: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.self_attn = QKNormSelfAttention(
+            args.hidden_size,
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+            args.rms_norm_eps,
+            rotary,
+            layer_idx,
+            dtype,
+            device,
+        )
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mlp output, residual stream before it); the next layer's norm adds them. Each norm runs
+        with the projection after it, and the MLP's activation with the down projection: with
+        executor.fuse_prologues (off by default) fused into the projection's kernel at decode batch
+        sizes on CUDA (RMSNorm.add_forward_linear, GatedMLP.down_forward)."""
+        attn, mlp = self.self_attn, self.mlp
+        if residual is None:
+            residual = hidden
+            qkv = attn.qkv_proj(self.input_layernorm(hidden))
+        else:
+            qkv, residual = self.input_layernorm.add_forward_linear(hidden, residual, attn.qkv_proj)
+        hidden = attn.forward_qkv(positions, qkv)
+        gate_up, residual = self.post_attention_layernorm.add_forward_linear(hidden, residual, mlp.gate_up_proj)
+        return mlp.down_forward(gate_up), residual
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(args.vocab_size, args.hidden_size, dtype, device)
+        self.rotary_emb = RotaryEmbedding(args.head_dim, args.max_position_embeddings, args.rope_theta, device)
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(args, self.rotary_emb, i, dtype, device) for i in range(args.num_hidden_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        if residual is None:
+            return self.norm(hidden)
+        hidden, _ = self.norm.add_forward(hidden, residual)
+        return hidden
+
+
+class Qwen3ForCausalLM(nn.Module):
+    # HF projection name -> (our fused module, shard id passed to its weight_loader)
+    packed_modules_mapping: dict[str, tuple[str, str | int]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.args = args
+        self.dtype = dtype
+        self.model = Qwen3Model(args, dtype, device)
+        self.lm_head = ParallelLMHead(args.vocab_size, args.hidden_size, dtype, device)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def checkpoint_names(self) -> dict[str, tuple[str, str | int | None]]:
+        """Every HF tensor name this model needs -> (our parameter name, shard id or None), in model order."""
+        out: dict[str, tuple[str, str | int | None]] = {}
+        for pname, _ in self.named_parameters():
+            module_path, _, leaf = pname.rpartition(".")
+            parent, _, module = module_path.rpartition(".")
+            packed = [(hf, shard) for hf, (ours, shard) in self.packed_modules_mapping.items() if ours == module]
+            if not packed:
+                out[pname] = (pname, None)
+            for hf, shard in packed:
+                out[f"{parent}.{hf}.{leaf}"] = (pname, shard)
+        return out
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the parameters (fusing q/k/v and gate/up, slicing for the TP rank).
+        Every parameter must be covered; unknown tensors are errors unless known to be harmless."""
+        params = dict(self.named_parameters())
+        targets = self.checkpoint_names()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target = targets.get(name)
+            if target is None:
+                if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and self.args.tie_word_embeddings):
+                    continue
+                raise TensorError(name, f"unexpected tensor in checkpoint (no such parameter in {type(self).__name__})")
+            pname, shard = target
+            param = params[pname]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                if shard is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard)
+            except WeightShapeError as e:
+                raise TensorError(name, str(e)) from None
+            loaded.add(name)
+        missing = [name for name in targets if name not in loaded]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise TensorError(missing[0], f"missing from checkpoint{more}")
+
+    def init_dummy(self, seed: int) -> None:
+        """Random weights for load_format=dummy: normal(0, 0.02), RMSNorm weights 1."""
+        norms = {id(m.weight) for m in self.modules() if isinstance(m, RMSNorm)}
+        for name, param in sorted(self.named_parameters()):
+            if id(param) in norms:
+                param.data.fill_(1.0)
+                continue
+            # Wrapped: manual_seed takes a uint64, and the config's seed may be its largest value.
+            gen = torch.Generator(device=param.device).manual_seed((seed + _stable_hash(name)) % 2**64)
+            param.data.normal_(0.0, 0.02, generator=gen)
+
+
+def _stable_hash(name: str) -> int:
+    # Python's hash() is salted per process; dummy weights must be the same every run.
+    h = 0
+    for ch in name.encode():
+        h = (h * 131 + ch) % 1_000_003
+    return h

@@ -1,0 +1,29 @@
+"""Run the profile mode the config selects; a setting this machine cannot profile raises BenchError (one line
+naming the field)."""
+
+from __future__ import annotations
+
+from xrt.bench.setup import BenchError
+from xrt.config import XrtConfig
+from xrt.config.bench import ProfileMode
+from xrt.profile.setup import Emit, require_cuda
+
+
+def run_profile(cfg: XrtConfig, emit: Emit) -> None:
+    mode = cfg.profile.mode
+    if cfg.parallel.tp > 1:
+        # The modes reach into one process's ModelRunner (runner_parts.py); profile one rank's shard instead.
+        raise BenchError("parallel.tp: profile runs one process; use parallel.tp=1")
+    if mode is ProfileMode.HOST:
+        from xrt.profile.host import run_host
+
+        run_host(cfg, emit)
+    elif mode is ProfileMode.STEP:
+        from xrt.profile.step import run_step
+
+        run_step(cfg, emit)
+    else:
+        require_cuda(cfg)
+        from xrt.profile.breakdown import run_breakdown
+
+        run_breakdown(cfg, emit)
