@@ -78,8 +78,10 @@ class Readings:
             return []
         done = self._settle()
         if not done and idle:
-            if all(self.agent.read_progress(r) < 0 for r in self.in_flight()):
-                self.agent.reader.wait(IDLE_POLL_S)
+            if any(self.agent.read_progress(r) < 0 for r in self.in_flight()):
+                self.agent.reader.wait(IDLE_POLL_S)  # this rank's own reads: returns as one ends
+            elif self.sender is not None:
+                time.sleep(IDLE_POLL_S / 5)  # only another rank still reads: do not spin on the collective
             if self.sender is not None:
                 self.sender.send_plan(self.plan.take(self.in_flight(), False))
             done = self._settle()
