@@ -175,6 +175,28 @@ def test_a_rank_without_its_l2_files_shortens_the_agreed_hit(tiny_checkpoint_div
         assert tiers_of(run.llm).stats.hit_tokens[L2] >= 8 * CHUNK
 
 
+def test_a_request_aborted_while_reading_frees_every_rank(tiny_checkpoint_diverse: str, tmp_path: Path,
+                                                          want: list[list[int]]) -> None:
+    """With tensor parallelism every tier hit reads first (every rank must hold the chunks): a request aborted in
+    the reading state releases rank 0's slots at once and the other rank's through the next plan (its drops); the
+    same prompt afterwards reads again on both ranks and comes out right."""
+    with Run(tiny_checkpoint_diverse, tmp_path) as run:
+        assert one_by_one(run.llm)[:1] == want[:1]
+        engine, tiers = run.llm.engine, tiers_of(run.llm)
+        sched = engine.scheduler
+        sched.kv.evict()
+        engine.add_request(prompts()[0], SAMPLING)
+        engine.step()
+        assert len(sched.reading) == 1 and tiers.stats.reads == 1  # the first run hit the GPU prefix cache only
+        sched.finish(sched.reading[0], "abort")
+        engine.step()  # nothing to run: the drop waits for the next plan
+        tiers.flush()  # a step with the plan alone: its drops, then every rank's flush
+        assert sum(tiers.l1._refs) == 0 and not len(tiers.readings)
+        assert tiers.stats.other_ranks is not None and tiers.stats.other_ranks["failed_loads"] == 0
+        out = run.llm.generate([prompts()[0]], SAMPLING, use_tqdm=False)[0]
+        assert out.token_ids == want[0] and out.cached_tokens[L1] == 5 * CHUNK
+
+
 def test_config_accepts_tiers_with_tensor_parallelism() -> None:
     cfg = load_config(["parallel.tp=2", "cache=l1_l2"])
     assert cfg.parallel.tp == 2 and cfg.cache.tiers is KVTiers.L1_L2
