@@ -1,4 +1,4 @@
-"""The engine over L1/L2 (xrt/kvstore/tiered.py): greedy outputs equal to the GPU-only cache while prefixes
+"""The engine over L1/L2 (xrt/kvstore/connector.py): greedy outputs equal to the GPU-only cache while prefixes
 come back from L1 and L2, hits counted per tier, and a new engine on the same directory loading from L2."""
 
 from __future__ import annotations

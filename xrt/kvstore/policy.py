@@ -4,10 +4,10 @@ against the measured cost of loading bytes (L2 read + verify bandwidth).
 A tier must never make TTFT worse than a cold prefill. Reading Qwen3-8B's KV (~147 KB per token) from a
 2 GB/s disk costs more than an H200 takes to recompute it, so the decision is made from measurements, not
 assumed: `worth_loading` before a load starts (and before each batch of a long load, with the bandwidth the
-batches so far achieved), and `deadline_s` bounds the wait for one batch (a stalled or slow transfer is
-abandoned and its tokens prefilled). A new process starts from what the last one on the same L2 directory
+batches so far achieved), and `deadline_s` bounds how long a request may wait in the reading state for the
+chunks it reads (reads.py: a stalled or slow transfer is abandoned and its tokens prefilled). A new process starts from what the last one on the same L2 directory
 measured (`restore`: prefill rate per device, L2 bandwidth, in measurements.json there) and from one small
-read of stored chunks at start-up (tiered.py); with nothing measured at all, loading is tried: the first
+read of stored chunks at start-up (connector.py); with nothing measured at all, loading is tried: the first
 batch measures the bandwidth, and a slow one ends the load there.
 
 Prefill steps are timed with CUDA events read once they complete (`PrefillClock`), never with a device sync
@@ -129,7 +129,7 @@ class LoadPolicy:
         return load is None or recompute is None or load <= recompute
 
     def deadline_s(self, num_tokens: int, nbytes: int) -> float:
-        """The longest one load batch may take before it is abandoned: what recomputing its tokens costs
+        """The longest a read of these tokens may take before it is abandoned: what recomputing its tokens costs
         (with some slack), or with no prefill measured yet, reading it at FLOOR_BYTES_PER_S."""
         recompute = self.recompute_s(num_tokens)
         limit = recompute * DEADLINE_SLACK if recompute is not None else nbytes / FLOOR_BYTES_PER_S
