@@ -5,10 +5,11 @@ A tier must never make TTFT worse than a cold prefill. Reading Qwen3-8B's KV (~1
 2 GB/s disk costs more than an H200 takes to recompute it, so the decision is made from measurements, not
 assumed: `worth_loading` before a load starts (and before each batch of a long load, with the bandwidth the
 batches so far achieved), and `deadline_s` bounds how long a request may wait in the reading state for the
-chunks it reads (reads.py: a stalled or slow transfer is abandoned and its tokens prefilled). A new process starts from what the last one on the same L2 directory
-measured (`restore`: prefill rate per device, L2 bandwidth, in measurements.json there) and from one small
-read of stored chunks at start-up (connector.py); with nothing measured at all, loading is tried: the first
-batch measures the bandwidth, and a slow one ends the load there.
+chunks it reads (reads.py: a stalled or slow transfer is abandoned and its tokens prefilled). A new process
+starts from what the last one on the same L2 directory measured (`restore`: prefill rate per device, L2
+bandwidth, in measurements.json there) and from one small read of stored chunks at start-up (connector.py);
+with nothing measured at all, loading is tried: the first batch measures the bandwidth, and a slow one ends the
+load there.
 
 Prefill steps are timed with CUDA events read once they complete (`PrefillClock`), never with a device sync
 on the step path; on CPU a step's wall time is its cost."""
