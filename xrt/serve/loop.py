@@ -104,11 +104,16 @@ class EngineLoop:
         self._inbox.append(("abort", job))
         self._wake.set()
 
+    def abort_all(self) -> None:
+        """Ends every live request (the end of a shutdown's grace period); thread-safe: the engine thread does it
+        between steps, and each client gets its last chunk (finish_reason "abort")."""
+        self._inbox.append(("abort_all", None))
+        self._wake.set()
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Aborts what is left, lets the thread deliver the last deltas and leave (the engine stays open)."""
         self._stopping = True
-        self._inbox.append(("abort_all", None))
-        self._wake.set()
+        self.abort_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 

@@ -1,7 +1,8 @@
 """uvicorn around the application. `run` serves in the foreground until SIGTERM or Ctrl-C: on SIGTERM the server
 stops accepting, /health and new requests answer 503, requests in flight get `serve.grace_period_s` to finish
-(uvicorn's graceful shutdown; the rest are cancelled, which aborts them), the engine loop stops, and `run`
-returns 0. `BackgroundServer` runs the same on a thread (tests, a benchmark that starts its own server)."""
+(uvicorn's graceful shutdown waits for their connections); then the engine loop aborts the rest, so each such
+client still gets a well-formed end (finish_reason "abort", `[DONE]`), the loop stops, and `run` returns 0.
+`BackgroundServer` runs the same on a thread (tests, a benchmark that starts its own server)."""
 
 from __future__ import annotations
 
@@ -41,18 +42,28 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+        self.grace_timer: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.state.draining:
-            log.info(f"signal {signal.Signals(sig).name}: draining, at most {self.state.args.grace_period_s:g} s")
+            grace = self.state.args.grace_period_s
+            log.info(f"signal {signal.Signals(sig).name}: draining, at most {grace:g} s")
+            self.grace_timer = threading.Timer(grace, self.state.loop.abort_all)
+            self.grace_timer.daemon = True
+            self.grace_timer.start()
         self.state.draining = True
         super().handle_exit(sig, frame)
+
+
+# uvicorn's own deadline, past the grace period's: by then the aborted requests have ended their responses; it
+# only cancels a handler that failed to.
+_BACKSTOP_S = 5.0
 
 
 def _config(state: ServerState, debug: bool) -> uvicorn.Config:
     # xrt logs its own lines; uvicorn's per-request access lines only at log_level=debug.
     return uvicorn.Config(build_app(state), lifespan="on", log_level="info" if debug else "warning",
-                          access_log=debug, timeout_graceful_shutdown=state.args.grace_period_s)
+                          access_log=debug, timeout_graceful_shutdown=state.args.grace_period_s + _BACKSTOP_S)
 
 
 def _ignore(sig: int, frame: FrameType | None) -> None:
@@ -69,6 +80,8 @@ def run(state: ServerState, sock: socket.socket, debug: bool = False) -> int:
         server.run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if server.grace_timer is not None:
+            server.grace_timer.cancel()  # everything ended before the grace period did
     if state.loop.error is not None:
         return 1
     return 0

@@ -32,6 +32,10 @@ class EventStream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # servers of ASGI spec 2.4 raise on a write to a closed connection
             pass
+        except asyncio.CancelledError:
+            # uvicorn's shutdown backstop cancelled the handler: its requests are aborted below, and the server is
+            # going away; ending here keeps a traceback of the cancellation out of its log.
+            pass
         finally:
             watcher.cancel()
             self._on_close()
