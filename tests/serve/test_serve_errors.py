@@ -140,3 +140,14 @@ def test_requests_beyond_the_queue_bound_get_503(tiny_checkpoint: str) -> None:
         wait_until(lambda: metric(server.url, "kv_cache_usage_perc") == 0.0, what="pages freed")
         out = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=2)
         assert len(out.choices) == 2
+
+
+def test_an_engine_error_fails_its_requests_with_500_and_health_says_so(tiny_checkpoint: str) -> None:
+    with running_server(tiny_config(tiny_checkpoint)) as server:
+        def broken() -> list[Any]:
+            raise RuntimeError("device lost")
+
+        server.state.engine.step_stream = broken  # type: ignore[method-assign]
+        check_error(post(server, {"model": MODEL, "prompt": "hi"}), 500, "device lost")
+        check_error(httpx.get(f"{server.url}/health"), 503, "device lost")
+        check_error(post(server, {"model": MODEL, "prompt": "hi"}), 503, "the engine stopped on an error")

@@ -114,6 +114,8 @@ async def _guarded(state: ServerState, request: Request, model: type[BaseModel],
     except APIError:
         raise
     except Exception as e:  # noqa: BLE001
+        if type(e).__name__ == "ClientDisconnect":  # starlette's: the client left while sending its body
+            return Response(status_code=499)
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         log.error(f"{request.url.path}: {type(e).__name__}: {e}")
