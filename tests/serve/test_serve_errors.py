@@ -4,6 +4,7 @@ a prompt too long, with both numbers), 404 (unknown model or route), 401 (no or 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,3 +152,33 @@ def test_an_engine_error_fails_its_requests_with_500_and_health_says_so(tiny_che
         check_error(post(server, {"model": MODEL, "prompt": "hi"}), 500, "device lost")
         check_error(httpx.get(f"{server.url}/health"), 503, "device lost")
         check_error(post(server, {"model": MODEL, "prompt": "hi"}), 503, "the engine stopped on an error")
+
+
+KEYS = ["prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+        "ignore_eos", "logprobs", "model", "echo", "suffix", "presence_penalty"]
+
+
+def test_whatever_a_client_sends_gets_an_answer_and_leaves_nothing_held(server: BackgroundServer) -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    value = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.integers(2**63, 2**65),
+                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
+                      st.lists(st.integers(-2, 3000), max_size=3), st.lists(st.text(max_size=2), max_size=2),
+                      st.dictionaries(st.sampled_from(["include_usage", "x"]), st.booleans(), max_size=2))
+    bodies = st.dictionaries(st.sampled_from(KEYS), value, max_size=8)
+
+    @hypothesis.settings(max_examples=30, deadline=None, database=None)
+    @hypothesis.given(body=bodies, chat=st.booleans())
+    def one(body: dict[str, Any], chat: bool) -> None:
+        if isinstance(body.get("max_tokens"), (int, float)) and not isinstance(body["max_tokens"], bool):
+            body["max_tokens"] = 3  # junk types stay; a number past a few tokens only makes the test slow
+        if chat:
+            body["messages"] = [{"role": "user", "content": body.pop("prompt", "hi")}]
+        r = post(server, json.dumps(body), "/v1/chat/completions" if chat else "/v1/completions")
+        assert r.status_code in (200, 400, 404), r.text
+        if r.status_code != 200:
+            check_error(r, r.status_code)
+
+    one()
+    wait_until(lambda: metric(server.url, "kv_cache_usage_perc") == 0.0, what="no page held")
+    assert httpx.get(f"{server.url}/health").status_code == 200
