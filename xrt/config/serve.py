@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import attrs
 
-from xrt.config.problems import Problems
 from xrt.reflect import field, ge, in_range
 
 
@@ -31,6 +30,3 @@ class ServeArgs:
         30.0, help="on SIGTERM the server stops accepting and lets requests in flight finish for this long, then "
         "cancels the rest and exits 0", unit="s", validator=ge(0),
     )
-
-    def check(self) -> Problems:
-        return [] if self.host.strip() else [("host", "must not be empty")]

@@ -22,6 +22,9 @@ log = get_logger(__name__)
 
 def listen(host: str, port: int) -> socket.socket:
     """The bound socket (before the model loads, so a port in use fails in a second); port 0 picks a free one."""
+    if not host.strip():
+        # An empty host binds every interface: that must be asked for by name.
+        raise OSError("serve.host: must not be empty (0.0.0.0 listens on every interface)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
