@@ -23,10 +23,11 @@ from xrt.config.schema import (
     XrtConfig,
     runtime_check,
 )
+from xrt.config.serve import ServeArgs
 
 __all__ = [
     "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
     "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "L2LoadPolicy", "LoadFormat", "LogLevel",
     "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs", "SchedulerArgs",
-    "XrtConfig", "runtime_check",
+    "ServeArgs", "XrtConfig", "runtime_check",
 ]

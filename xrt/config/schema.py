@@ -17,6 +17,7 @@ from xrt.config.bench import BenchArgs, ProfileArgs
 from xrt.config.cache import CacheArgs
 from xrt.config.limits import INT32_MAX
 from xrt.config.problems import Problems
+from xrt.config.serve import ServeArgs
 from xrt.log import LEVELS
 from xrt.reflect import each, field, ge, gt, in_range, le
 
@@ -260,6 +261,7 @@ class XrtConfig:
     sampling: SamplingArgs = field(factory=SamplingArgs, help="default sampling parameters")
     bench: BenchArgs = field(factory=BenchArgs, help="benchmark protocol")
     profile: ProfileArgs = field(factory=ProfileArgs, help="`xrt profile`: where a step's time goes")
+    serve: ServeArgs = field(factory=ServeArgs, help="`xrt serve`: the OpenAI-compatible HTTP server")
     device: Device = field(Device.AUTO, help="auto: cuda when present, else cpu")
     log_level: LogLevel = field(LogLevel.INFO, help="xrt's log lines on stderr (the CLI's -v: debug, -q: warning)")
     seed: int = field(0, help="global seed (dummy weights, sampling)", validator=in_range(0, SEED_MAX))

@@ -12,7 +12,11 @@ caller's work until the next `step()`. Step N+1 takes its input tokens from step
 on the device; its positions, slots and pages depend only on lengths. A sequence that finishes at
 step N (end-of-sequence, stop string) has a wasted row in step N+1 whose token is dropped. Whenever
 the next step cannot be predicted (prefill work, sampling, pages running out) the engine reads
-back what is in flight and steps synchronously."""
+back what is in flight and steps synchronously.
+
+Streaming (`step_stream`): a request queued with stream=True is detokenized as it grows and comes out of every
+step that gave it a token, as a `StreamOutput` (new token ids, new text); `abort(request_id)` ends a request
+wherever it is. `step()` is `step_stream()` keeping the finished requests' outputs: the batch API on top."""
 
 from __future__ import annotations
 
@@ -27,11 +31,11 @@ import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
 from xrt.engine.errors import RequestError
-from xrt.engine.outputs import RequestOutput
+from xrt.engine.outputs import RequestOutput, StreamOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
-from xrt.engine.stop import finish_reason
+from xrt.engine.stop import finish_reason, stop_holdback
 from xrt.engine.tokenizer import Tokenizer
 from xrt.engine.validate_prompts import Prompt, check_prompt
 from xrt.engine.validate_sampling import validate_sampling
@@ -97,6 +101,8 @@ class LLMEngine:
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
         self._inflight: deque[Launch] = deque()
         self._queued: list[Sequence] = []  # queued since the last step was scheduled (a tier may read ahead)
+        self._live: dict[int, Sequence] = {}  # by request id, until taken finished: what abort() finds
+        self._touched: dict[Sequence, None] = {}  # streamed requests given a token this step (ordered set)
         self._warned_max_tokens = False
         self._closed = False
         self.num_prefill_tokens = 0
@@ -136,8 +142,9 @@ class LLMEngine:
             raise RequestError(where, error, index)
         return Request(ids, sampling, text)
 
-    def queue(self, request: Request) -> int:
-        """Queues a checked request; returns its id."""
+    def queue(self, request: Request, *, stream: bool = False) -> int:
+        """Queues a checked request; returns its id. stream: hand its tokens and text out after every step
+        (`step_stream`), not only once it has finished."""
         request_id = next(self._ids)
         params, ids = request.sampling, request.prompt_token_ids
         left = self.max_model_len - len(ids)
@@ -157,7 +164,9 @@ class LLMEngine:
             seed=seed,
             prompt=request.prompt,
             detokenizer=self.tokenizer.detokenizer(len(ids)) if self.tokenizer else None,
+            stream=stream,
         )
+        self._live[request_id] = seq
         self.scheduler.add(seq)
         self._queued.append(seq)  # prefetched if it is still waiting once a step is scheduled
         return request_id
@@ -165,8 +174,57 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self.scheduler.has_finished()
 
+    def abort(self, request_id: int) -> bool:
+        """Ends a request wherever it is (queued, prefilling, decoding): its pages are freed now, and it comes out
+        of the next step() / step_stream() with finish_reason "abort". False for an id that is unknown or has
+        finished already. Call it between steps; overlapped decode rows in flight for it are dropped when read."""
+        seq = self._live.get(request_id)
+        return seq is not None and self.scheduler.abort(seq)
+
+    @property
+    def num_requests_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_requests_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV pages held by requests (cached pages nobody holds count as free)."""
+        return 1.0 - self._kv.num_free_pages / self._kv.num_pages
+
     def step(self) -> list[RequestOutput]:
         """Runs one forward pass (if any work is ready); returns the requests that finished."""
+        return [d.output for d in self.step_stream() if d.output is not None]
+
+    def step_stream(self) -> list[StreamOutput]:
+        """Runs one forward pass (if any work is ready); returns a StreamOutput for every streamed request that got
+        a token and for every request that finished (the last one of each, with its RequestOutput)."""
+        self._forward()
+        finished = self.scheduler.take_finished()
+        out = [self._delta(seq, None) for seq in self._touched if seq.status is not SeqStatus.FINISHED]
+        self._touched.clear()
+        for seq in finished:
+            seq.finish_text()
+            self._live.pop(seq.request_id, None)
+            out.append(self._delta(seq, RequestOutput.from_sequence(seq)))
+        return out
+
+    def _delta(self, seq: Sequence, output: RequestOutput | None) -> StreamOutput:
+        """What seq has not handed out yet; while it runs, less the end of its text a stop string could start
+        with (when the stop string completes, the text is cut before it: that part is never shown)."""
+        start = seq.num_prompt_tokens + seq.num_streamed_tokens
+        tokens = seq.token_ids[start:]
+        text, done = seq.text, seq.num_streamed_chars
+        end = len(text) if output is not None or not seq.sampling.stop else len(text) - stop_holdback(
+            text[done:], seq.sampling.stop)
+        seq.num_streamed_tokens += len(tokens)
+        seq.num_streamed_chars = max(end, done)
+        return StreamOutput(seq.request_id, tokens, text[done:end], output, seq.scheduled_at)
+
+    def _forward(self) -> None:
+        """One step's forward pass and bookkeeping; finished requests wait in the scheduler to be taken."""
         if self._overlap:
             # Keep one launch queued behind the one whose tokens are read here; starting from none,
             # launch two, so every call still yields one step's tokens (the bench counts calls).
@@ -177,9 +235,8 @@ class LLMEngine:
                 self._prefetch_waiting()
                 self._resolve(self._inflight.popleft())
                 if self._inflight:
-                    return self._outputs()
+                    return
         self._step_sync()
-        return self._outputs()
 
     def _step_sync(self) -> None:
         scheduled = self.scheduler.schedule()
@@ -190,6 +247,10 @@ class LLMEngine:
         seqs = scheduled.sampled_seqs
         if step.is_prefill:
             self.num_prefill_tokens += step.num_tokens
+            now = time.perf_counter()
+            for seq in scheduled.seqs:
+                if seq.scheduled_at is None:
+                    seq.scheduled_at = now
         if not step.is_prefill and self._launchable(seqs):
             batch = self.scheduler.decode_batch(seqs, overlapped=False, scheduled=scheduled)
             pending = self.runner.launch_decode(batch, None)
@@ -246,15 +307,11 @@ class LLMEngine:
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         self.num_generated_tokens += 1
         delta = seq.append_token(token, now)
+        if seq.stream:
+            self._touched[seq] = None
         reason = finish_reason(seq, delta, self.eos_token_ids, self.max_model_len)
         if reason is not None:
             self.scheduler.finish(seq, reason)
-
-    def _outputs(self) -> list[RequestOutput]:
-        finished = self.scheduler.take_finished()
-        for seq in finished:
-            seq.finish_text()
-        return [RequestOutput.from_sequence(s) for s in finished]
 
     @property
     def num_preemptions(self) -> int:

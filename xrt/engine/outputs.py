@@ -1,4 +1,5 @@
-"""What a finished request hands back to the caller."""
+"""What a request hands back to the caller: `RequestOutput` once it has finished, `StreamOutput` after every step
+that gave it something new (`LLMEngine.step_stream`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ class RequestOutput:
     - "context_length": prompt + output reached model.max_model_len first (a max_tokens larger than the
       context left is accepted: generation stops here, and the engine logs a warning once);
     - "kv_cache": the request alone filled the whole KV cache, so its next token has no page (with
-      other requests running it would have preempted them; raise cache.num_pages or cache.kv_size_gb).
+      other requests running it would have preempted them; raise cache.num_pages or cache.kv_size_gb);
+    - "abort": `LLMEngine.abort` ended it (a server's client went away, or it was cancelled at shutdown).
     Requests that can never run (an empty prompt, no room under model.max_model_len, a prompt the KV cache
     cannot hold) are refused by `generate` / `add_request` with a RequestError instead.
     error: why, in words, when the engine had to end a request it could not serve; else None.
@@ -53,3 +55,23 @@ class RequestOutput:
             cached_tokens=dict(seq.cached_tokens),
             num_preemptions=seq.num_preemptions,
         )
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """What one step added to a request: the token ids generated since its last StreamOutput and the text they
+    completed. A streamed request (`LLMEngine.queue(..., stream=True)`) gets one after every step that gave it a
+    token; the text holds back what could still be the start of a stop string, or an incomplete UTF-8 character,
+    so the concatenated texts are exactly the final text. A request not streamed gets one, when it finishes, with
+    all of its tokens and text. `output` (the whole RequestOutput) is set on the last one, and only there.
+    scheduled_at: perf_counter time the request was first scheduled (None while it waits)."""
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    output: RequestOutput | None = None
+    scheduled_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None

@@ -42,9 +42,9 @@ class ScheduledStep:
 class Scheduler:
     """What the engine calls: admission_error / add (requests in); schedule, then postprocess after the
     pass (synchronous steps); schedule_overlapped, decode_batch and decode_resolved (decode steps the
-    runner launches itself); finish, take_finished, has_unfinished / has_finished. The KV cache
-    manager (`kv`) is the scheduler's: the engine never touches it. Every step the scheduler hands out carries
-    the KV tier plan decided since the last one (`StepInput.tiers`, `DecodeBatch.tiers`)."""
+    runner launches itself); finish, abort, take_finished, has_unfinished / has_finished, num_running /
+    num_waiting. The KV cache manager (`kv`) is the scheduler's: the engine never touches it. Every step the
+    scheduler hands out carries the KV tier plan decided since the last one (`StepInput.tiers`, `DecodeBatch.tiers`)."""
 
     def __init__(self, args: SchedulerArgs, kv: KVCacheManager, max_model_len: int) -> None:
         self.args = args
@@ -148,6 +148,26 @@ class Scheduler:
         seq.finish_reason = reason
         seq.error = error
         self.newly_finished.append(seq)
+
+    def abort(self, seq: Sequence) -> bool:
+        """Ends seq wherever it is (waiting, reading from a tier, prefilling, decoding) through `finish`, so its pages
+        and what a tier holds for it are freed now;
+        finish_reason "abort". False when it had finished already. Rows of an overlapped decode step still in
+        flight are dropped when read back (`decode_resolved` skips finished sequences)."""
+        if seq.status is SeqStatus.FINISHED:
+            return False
+        self.finish(seq, "abort")
+        return True
+
+    @property
+    def num_running(self) -> int:
+        """Requests admitted to the batch (prefilling or decoding)."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission (preempted ones among them, and those reading their prefix from a tier)."""
+        return len(self.waiting) + len(self.reading)
 
     def take_finished(self) -> list[Sequence]:
         out, self.newly_finished = self.newly_finished, []

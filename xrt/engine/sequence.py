@@ -33,6 +33,9 @@ class Sequence:
         decoding); the KV of the tokens before them is counted in num_computed_tokens already.
     table_row: this sequence's row in the KV cache manager's `page_tables` array (-1: none).
     decode_row: its row in the latest overlapped decode launch (where its pending token is).
+    stream: its text is decoded as it grows and handed out after every step (`LLMEngine.step_stream`);
+        num_streamed_tokens / num_streamed_chars: how much of its output and text has been handed out.
+    scheduled_at: perf_counter time it was first scheduled (a server's queue-time metric); None while it waits.
     """
 
     request_id: int
@@ -54,6 +57,10 @@ class Sequence:
     num_pending_tokens: int = 0
     table_row: int = -1
     decode_row: int = -1
+    stream: bool = False
+    num_streamed_tokens: int = 0
+    num_streamed_chars: int = 0
+    scheduled_at: float | None = None
     finish_reason: str | None = None
     error: str | None = None
     text: str = ""
@@ -91,16 +98,17 @@ class Sequence:
 
     def append_token(self, token_id: int, now: float) -> str:
         """Adds a sampled token; returns the text it completes (may be empty). Text is decoded as it
-        grows only when stop strings need it; otherwise once, by finish_text()."""
+        grows only when stop strings or streaming need it; otherwise once, by finish_text()."""
         self.token_ids.append(token_id)
         self.token_times_s.append(now - self.arrival_s)
-        if self.detokenizer is None or not self.sampling.stop:
+        if self.detokenizer is None or not (self.sampling.stop or self.stream):
             return ""
         delta = self.detokenizer.step(self.token_ids)
         self.text += delta
         return delta
 
     def finish_text(self) -> None:
-        """Decodes the output not decoded yet (all of it, without stop strings)."""
+        """Decodes the output not decoded yet (all of it, without stop strings; streamed, a held-back incomplete
+        character at the end)."""
         if self.detokenizer is not None and not self.sampling.stop and self.num_output_tokens:
             self.text += self.detokenizer.flush(self.token_ids)

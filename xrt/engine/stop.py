@@ -18,6 +18,19 @@ def truncate_at_stop(text: str, stops: list[str], new_from: int) -> int | None:
     return best
 
 
+def stop_holdback(text: str, stops: list[str]) -> int:
+    """How many characters at the end of text could be the start of a stop string (the longest suffix that is a
+    proper prefix of one): a stream holds them back until the next tokens show whether the stop string follows,
+    because if it does, the text ends before it."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
 def finish_reason(seq: Sequence, delta: str, eos_token_ids: list[int], max_model_len: int) -> str | None:
     """Checks the newest token of seq (and the text it added, `delta`); trims seq.text at a stop string."""
     sampling = seq.sampling

@@ -1,0 +1,62 @@
+"""A real server on 127.0.0.1 for the serve tests: an LLM on the tiny checkpoint behind `BackgroundServer` (uvicorn
+on a thread, a free port), and readers of its /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from xrt.config import ServeArgs, XrtConfig
+from xrt.engine.llm import LLM
+from xrt.serve.app import build_state
+from xrt.serve.server import BackgroundServer
+
+
+@contextmanager
+def running_server(cfg: XrtConfig, **serve: Any) -> Iterator[BackgroundServer]:
+    args = ServeArgs(**serve)
+    with LLM(cfg) as llm:
+        state = build_state(llm.engine, args, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
+        server = BackgroundServer(state).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of /metrics by its name and labels as written (`xrt:x{model_name="m"}`), bucket lines left out."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line and not line.startswith("#") and "_bucket{" not in line:
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    labels = {**labels, "model_name": "qwen3-tiny"}
+    key = f"xrt:{name}{{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    return metrics(url).get(key, 0.0)
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+
+def clients(url: str, api_key: str = "unused") -> tuple[Any, Any]:
+    """The official openai clients (sync, async) for a server; no retries: a 503 must reach the test."""
+    import openai
+
+    base = f"{url}/v1"
+    return (openai.OpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=60),
+            openai.AsyncOpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=120))

@@ -1,0 +1,218 @@
+"""`xrt serve` through the official openai client against a real server on 127.0.0.1: completions and chat,
+streamed and whole, equal to each other and to `xrt.LLM` offline (greedy); usage; include_usage; n; stop strings;
+many concurrent streams; a client that leaves frees its pages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+from conftest import tiny_config  # noqa: E402
+from serve_helpers import clients, metric, running_server, wait_until  # noqa: E402
+
+from xrt.config import SamplingArgs  # noqa: E402
+from xrt.engine.llm import LLM  # noqa: E402
+from xrt.serve.server import BackgroundServer  # noqa: E402
+
+MODEL = "qwen3-tiny"
+PROMPTS = ["Hello", "The river", "Once upon a time there was", "a b c d e f g"]
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint: str) -> Iterator[BackgroundServer]:
+    with running_server(tiny_config(tiny_checkpoint)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint: str) -> Iterator[LLM]:
+    """The same model in the same config, offline: what the server's greedy outputs must equal."""
+    with LLM(tiny_config(tiny_checkpoint)) as llm:
+        yield llm
+
+
+@pytest.fixture
+def client(server: BackgroundServer) -> Any:
+    return clients(server.url)[0]
+
+
+@pytest.fixture
+def aclient(server: BackgroundServer) -> Any:
+    return clients(server.url)[1]
+
+
+def offline(llm: LLM, prompts: list[str], max_tokens: int, **sampling: Any) -> list[str]:
+    params = SamplingArgs(max_tokens=max_tokens, ignore_eos=True, **sampling)
+    return [o.text for o in llm.generate(prompts, params)]
+
+
+def streamed_completion(client: Any, **kwargs: Any) -> tuple[dict[int, str], dict[int, str | None], list[Any]]:
+    texts: dict[int, str] = {}
+    reasons: dict[int, str | None] = {}
+    chunks = list(client.completions.create(model=MODEL, stream=True, **kwargs))
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason is not None:
+                reasons[ch.index] = ch.finish_reason
+    return texts, reasons, chunks
+
+
+def test_completions_streamed_equal_whole_equal_offline(client: Any, reference: LLM) -> None:
+    want = offline(reference, PROMPTS, 24)
+    assert len(set(want)) == len(want) and all(want)  # distinct, non-empty: equality below means something
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=24, **GREEDY)
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    assert [c.text for c in whole.choices] == want
+    assert {c.finish_reason for c in whole.choices} == {"length"}
+    for i, prompt in enumerate(PROMPTS):
+        texts, reasons, chunks = streamed_completion(client, prompt=prompt, max_tokens=24, **GREEDY)
+        assert texts == {0: want[i]} and reasons == {0: "length"}
+        assert len(chunks) > 5  # streamed as it was generated, not in one piece
+
+
+def test_usage_counts_prompt_and_completion_tokens(client: Any, reference: LLM) -> None:
+    tok = reference.tokenizer
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=9, **GREEDY)
+    n_prompt = len(tok.encode(PROMPTS[2]))
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (n_prompt, 9, n_prompt + 9)
+    assert out.usage.prompt_tokens_details.cached_tokens == 0  # shorter than a page: nothing to reuse
+
+
+def test_a_repeated_long_prompt_reports_cached_tokens(client: Any) -> None:
+    prompt = " ".join(f"w{i}" for i in range(80))  # several 16-token pages
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **GREEDY)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **GREEDY)
+    n = first.usage.prompt_tokens
+    assert n > 32 and first.usage.prompt_tokens_details.cached_tokens == 0
+    assert 16 <= again.usage.prompt_tokens_details.cached_tokens < n
+
+
+def test_include_usage_puts_usage_on_the_last_chunk_only(client: Any, reference: LLM) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and (last.usage.prompt_tokens, last.usage.completion_tokens) == (
+        len(reference.tokenizer.encode("Hello")), 6)
+    plain = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, stream=True, **GREEDY))
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+
+
+def test_n_choices(client: Any, reference: LLM) -> None:
+    want = offline(reference, ["The river"], 10)[0]
+    out = client.completions.create(model=MODEL, prompt="The river", max_tokens=10, n=2, **GREEDY)
+    assert [(c.index, c.text) for c in out.choices] == [(0, want), (1, want)]
+    assert out.usage.completion_tokens == 20 and out.usage.prompt_tokens == len(reference.tokenizer.encode("The river"))
+    texts, reasons, _ = streamed_completion(client, prompt="The river", max_tokens=10, n=2, **GREEDY)
+    assert texts == {0: want, 1: want} and reasons == {0: "length", 1: "length"}
+    # Sampled with a seed: choices differ from each other (seed + index) and repeat across calls.
+    sampled = [client.completions.create(model=MODEL, prompt="The river", max_tokens=12, n=2, temperature=1.0,
+                                         seed=7, extra_body={"ignore_eos": True}) for _ in range(2)]
+    a, b = ([c.text for c in s.choices] for s in sampled)
+    assert a == b and a[0] != a[1]
+
+
+def test_stop_strings_cut_streamed_and_whole_alike(client: Any, reference: LLM) -> None:
+    full = offline(reference, ["The river"], 30)[0]
+    stop = full[10:14]
+    cut = full[: full.index(stop)]
+    whole = client.completions.create(model=MODEL, prompt="The river", max_tokens=30, stop=stop, **GREEDY)
+    assert (whole.choices[0].text, whole.choices[0].finish_reason) == (cut, "stop")
+    texts, reasons, _ = streamed_completion(client, prompt="The river", max_tokens=30, stop=[stop, "\x00zz"],
+                                            **GREEDY)
+    assert texts == {0: cut} and reasons == {0: "stop"}
+    assert offline(reference, ["The river"], 30, stop=[stop]) == [cut]
+
+
+def test_chat_streamed_equals_whole_equals_llm_chat(client: Any, reference: LLM) -> None:
+    messages = [{"role": "user", "content": "Tell me about rivers"}]
+    want = reference.chat(messages, SamplingArgs(max_tokens=20, ignore_eos=True))[0].text
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=20, **GREEDY)
+    assert whole.choices[0].message.role == "assistant"
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (want, "length")
+    assert whole.usage.completion_tokens == 20
+    assert whole.usage.prompt_tokens == len(reference.tokenizer.encode(
+        reference.apply_chat_template(messages), add_special_tokens=False))
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 20
+
+
+def test_models_and_health(client: Any, server: Any) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+async def _stream(aclient: Any, prompt: str, max_tokens: int) -> tuple[str, str | None]:
+    text, reason = "", None
+    stream = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True,
+                                              **GREEDY)
+    async for c in stream:
+        text += c.choices[0].text
+        reason = c.choices[0].finish_reason or reason
+    return text, reason
+
+
+def test_64_concurrent_streams_all_complete_equal_to_sequential(aclient: Any, reference: LLM) -> None:
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(64)]
+    lengths = [8 + i % 13 for i in range(64)]
+    want = [reference.generate(p, SamplingArgs(max_tokens=n, ignore_eos=True))[0].text
+            for p, n in zip(prompts, lengths, strict=True)]
+
+    async def everyone() -> list[tuple[str, str | None]]:
+        return await asyncio.gather(*(_stream(aclient, p, n) for p, n in zip(prompts, lengths, strict=True)))
+
+    got = asyncio.run(everyone())
+    assert [t for t, _ in got] == want
+    assert {r for _, r in got} == {"length"}
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_pages(server: Any) -> None:
+    body = {"model": MODEL, "prompt": "The river " * 40, "max_tokens": 900, "stream": True, "ignore_eos": True}
+    before = metric(server.url, "request_success_total", finished_reason="abort")
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(8)]
+        assert all(not line or line.startswith("data: {") for line in got)
+        assert metric(server.url, "kv_cache_usage_perc") > 0 and metric(server.url, "num_requests_running") == 1
+    # Leaving the block closed the connection: the server aborts the request and frees its pages.
+    wait_until(lambda: metric(server.url, "kv_cache_usage_perc") == 0.0, what="kv_cache_usage_perc back to 0")
+    assert metric(server.url, "num_requests_running") == 0
+    assert metric(server.url, "request_success_total", finished_reason="abort") == before + 1
+
+
+def test_a_client_that_gives_up_on_a_whole_response_frees_its_pages(server: Any) -> None:
+    body = {"model": MODEL, "prompt": "The river " * 40, "max_tokens": 900, "ignore_eos": True}
+    before = metric(server.url, "request_success_total", finished_reason="abort")
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.3)
+    wait_until(lambda: metric(server.url, "request_success_total", finished_reason="abort") == before + 1,
+               what="the abandoned request aborted")
+    assert metric(server.url, "kv_cache_usage_perc") == 0.0
+
+
+def test_metrics_count_tokens_and_latencies(client: Any, server: Any) -> None:
+    before = metric(server.url, "generation_tokens_total")
+    ttft_before = metric(server.url, "time_to_first_token_seconds_count")
+    client.completions.create(model=MODEL, prompt=["Hello", "The river"], max_tokens=5, **GREEDY)
+    assert metric(server.url, "generation_tokens_total") == before + 10
+    assert metric(server.url, "time_to_first_token_seconds_count") == ttft_before + 2
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("num_requests_waiting", "prompt_tokens_total", "inter_token_latency_seconds_bucket",
+                 "e2e_request_latency_seconds_sum", "request_queue_time_seconds_count", "prefix_cache_hits_total",
+                 "prefix_cache_queries_total"):
+        assert f"xrt:{name}" in text, name
+    assert 'request_success_total{finished_reason="length",model_name="qwen3-tiny"}' in text

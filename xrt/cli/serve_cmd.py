@@ -1,0 +1,35 @@
+"""`python -m xrt serve`: the OpenAI-compatible HTTP server (xrt/serve) over the configured model, on
+`serve.host:serve.port` (127.0.0.1:8000 by default). Exit 0 after SIGTERM (requests in flight finish within
+`serve.grace_period_s`); 2 for a problem before serving (the serve extra missing, the port taken, the model)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import ExitStack
+
+from xrt.config import LogLevel, XrtConfig
+
+
+def main(cfg: XrtConfig) -> int:
+    try:
+        from xrt.serve.app import build_state
+        from xrt.serve.server import listen, run
+    except ImportError as e:
+        print(f"error: xrt serve needs the serve extra (pip install 'xrt[serve]'): {e}", file=sys.stderr)
+        return 2
+    with ExitStack() as closing:
+        try:
+            args = cfg.serve
+            sock = listen(args.host, args.port)  # before the model loads: a port in use fails at once
+            closing.callback(sock.close)
+            from xrt.engine.llm import LLM
+
+            llm = closing.enter_context(LLM(cfg))
+        except (ValueError, OSError) as e:
+            if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        state = build_state(llm.engine, args, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
+        return run(state, sock, debug=cfg.log_level is LogLevel.DEBUG)

@@ -1,0 +1,32 @@
+"""The `serve` section of the schema: `python -m xrt serve`, the OpenAI-compatible HTTP server (xrt/serve)."""
+
+from __future__ import annotations
+
+import attrs
+
+from xrt.reflect import field, ge, in_range
+
+
+@attrs.define
+class ServeArgs:
+    host: str = field(
+        "127.0.0.1", help="address the server listens on; 127.0.0.1 keeps it to this machine (0.0.0.0: every "
+        "interface, so anyone who can reach the host can use the model: set serve.api_key)",
+    )
+    port: int = field(8000, help="TCP port; 0: a free one the OS picks (logged at start-up)",
+                      validator=in_range(0, 65535))
+    served_model_name: str = field(
+        "", help="the model name clients send and /v1/models lists; empty: model.name"
+    )
+    api_key: str = field(
+        "", help="when set, every /v1 request needs `Authorization: Bearer <api_key>` (401 otherwise); /health and "
+        "/metrics stay open",
+    )
+    max_queued: int = field(
+        1024, help="most requests waiting beyond the scheduler.max_num_seqs that run at once (each of a request's "
+        "`n` choices counts); one more gets 503", validator=ge(0),
+    )
+    grace_period_s: float = field(
+        30.0, help="on SIGTERM the server stops accepting and lets requests in flight finish for this long, then "
+        "cancels the rest and exits 0", unit="s", validator=ge(0),
+    )

@@ -1,0 +1,236 @@
+"""The FastAPI application: `/v1/completions`, `/v1/chat/completions` (streamed or whole), `/v1/models`,
+`/health`, `/metrics`. A handler checks the key, parses and checks the body (every problem a 400 before anything
+is queued), submits the choices to the engine loop (503 beyond the queue bound) and answers from their deltas;
+a client that leaves, or a handler cancelled at the end of a shutdown's grace period, aborts its requests, so
+nothing a client does can leave pages held. Nothing here touches the engine's state but through the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import time
+import traceback
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from xrt.config import SamplingArgs, ServeArgs
+from xrt.engine.engine import LLMEngine
+from xrt.engine.outputs import RequestOutput
+from xrt.log import get_logger
+from xrt.serve.errors import APIError, error_body
+from xrt.serve.loop import EngineFailed, EngineLoop, Job
+from xrt.serve.metrics import Metrics, openai_finish_reason
+from xrt.serve.prepare import Prepared, prepare_chat, prepare_completion
+from xrt.serve.protocol import ChatCompletionRequest, CompletionRequest
+from xrt.serve.responses import DONE, Shapes, event
+from xrt.serve.sse import EventStream
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ServerState:
+    engine: LLMEngine
+    args: ServeArgs
+    model_name: str
+    sampling: SamplingArgs  # the defaults of what a request leaves out (cfg.sampling)
+    metrics: Metrics
+    loop: EngineLoop
+    draining: bool = False  # SIGTERM came: new requests get 503 while the ones in flight finish
+    started: int = field(default_factory=lambda: int(time.time()))
+
+
+def build_state(engine: LLMEngine, args: ServeArgs, model_name: str, sampling: SamplingArgs,
+                max_num_seqs: int) -> ServerState:
+    name = args.served_model_name or model_name
+    metrics = Metrics(name)
+    loop = EngineLoop(engine, metrics, max_live=max_num_seqs + args.max_queued)
+    return ServerState(engine, args, name, sampling, metrics, loop)
+
+
+def build_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.loop.start(asyncio.get_running_loop())
+        yield
+        state.loop.stop()  # after uvicorn's grace period: aborts whatever is left
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(404)
+    @app.exception_handler(405)
+    async def no_route(request: Request, e: Exception) -> JSONResponse:
+        status = getattr(e, "status_code", 404)
+        return JSONResponse(error_body(status, f"{request.method} {request.url.path}: {getattr(e, 'detail', '')}"),
+                            status_code=status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.loop.error is not None or not state.loop.running or state.draining:
+            why = "the server is shutting down" if state.loop.error is None else f"engine error: {state.loop.error}"
+            return JSONResponse(error_body(503, why), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        _auth(state, request)
+        card = {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "xrt",
+                "max_model_len": state.engine.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _guarded(state, request, CompletionRequest, prepare_completion, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _guarded(state, request, ChatCompletionRequest, prepare_chat, chat=True)
+
+    return app
+
+
+async def _guarded(state: ServerState, request: Request, model: type[BaseModel], prepare: Callable[..., Prepared],
+                   chat: bool) -> Response:
+    """APIError is the client's; anything else is a bug: one line in the log (XRT_DEBUG=1: the traceback), a 500."""
+    try:
+        return await _generate(state, request, model, prepare, chat)
+    except APIError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ == "ClientDisconnect":  # starlette's: the client left while sending its body
+            return Response(status_code=499)
+        if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        log.error(f"{request.url.path}: {type(e).__name__}: {e}")
+        raise APIError(500, f"internal error: {type(e).__name__}: {e}") from None
+
+
+async def _generate(state: ServerState, request: Request, model: type[BaseModel], prepare: Callable[..., Prepared],
+                    chat: bool) -> Response:
+    _auth(state, request)
+    if state.draining:
+        raise APIError(503, "the server is shutting down")
+    body: Any = await _body(request, model)
+    if body.model is not None and body.model != state.model_name:
+        raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
+                       "model", "model_not_found")
+    prepared = prepare(body, state.engine, state.sampling)
+    job = state.loop.submit(prepared.requests)
+    shapes = Shapes(chat, state.model_name, prepared.include_usage)
+    if prepared.stream:
+        return EventStream(_events(job, shapes, prepared), lambda: state.loop.abort(job))
+    collect = asyncio.ensure_future(_collect(job))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not collect.done():  # the client left: nobody reads the answer
+            return Response(status_code=499)
+        return JSONResponse(shapes.whole(collect.result(), prepared.n))
+    finally:
+        gone.cancel()
+        collect.cancel()
+        state.loop.abort(job)  # a no-op once every choice finished
+
+
+def _auth(state: ServerState, request: Request) -> None:
+    key = state.args.api_key
+    if not key:
+        return
+    given = request.headers.get("authorization", "")
+    if not given:
+        raise APIError(401, "no API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise APIError(400, *_validation_message(e)) from None
+
+
+def _validation_message(e: ValidationError) -> tuple[str, str]:
+    """(one line, the top-level field) for pydantic's first problem. A value that fits none of a union's types
+    gets one problem per type, each located under the type's name: those become one line listing the types."""
+    errors = e.errors()
+    first = errors[0]
+    top = str(first["loc"][0]) if first["loc"] else ""
+    union = [err for err in errors if err["loc"][:1] == first["loc"][:1] and len(err["loc"]) == 2
+             and isinstance(err["loc"][1], str)]
+    if len(union) > 1:
+        given = json.dumps(first.get("input"))
+        given = given if len(given) <= 40 else given[:37] + "..."
+        return f"{top}: got {given}, expected one of {', '.join(str(err['loc'][1]) for err in union)}", top
+    loc = ".".join(str(x) for x in first["loc"])
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"{loc}: {first['msg']}{more}", top
+
+
+async def _collect(job: Job) -> list[RequestOutput]:
+    outputs: list[RequestOutput | None] = [None] * len(job.choices)
+    left = len(job.choices)
+    while left:
+        index, item = await job.queue.get()
+        if isinstance(item, EngineFailed):
+            raise item
+        if item.output is not None:
+            outputs[index] = item.output
+            left -= 1
+    return [o for o in outputs if o is not None]
+
+
+async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator[str]:
+    """The SSE events of a streamed request: each choice's text as it comes (a chat choice opens with its role),
+    its finish reason on its last chunk, usage last when asked for (`stream_options.include_usage`), `[DONE]`."""
+    outputs: list[RequestOutput | None] = [None] * len(job.choices)
+    opened: set[int] = set()
+    left = len(job.choices)
+    while left:
+        index, item = await job.queue.get()
+        if isinstance(item, EngineFailed):
+            yield event(error_body(500, f"engine error: {item}"))
+            return
+        if shapes.chat and index not in opened:
+            opened.add(index)
+            yield shapes.chunk(index, None, role=True)
+        if item.output is None:
+            if item.text:
+                yield shapes.chunk(index, item.text)
+            continue
+        left -= 1
+        outputs[index] = item.output
+        yield shapes.chunk(index, item.text or (None if shapes.chat else ""),
+                           openai_finish_reason(item.output.finish_reason))
+    if shapes.include_usage:
+        yield shapes.usage_chunk([o for o in outputs if o is not None], prepared.n)
+    yield DONE
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
