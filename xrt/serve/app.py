@@ -27,7 +27,8 @@ from xrt.engine.engine import LLMEngine
 from xrt.engine.outputs import RequestOutput
 from xrt.log import get_logger
 from xrt.serve.errors import APIError, error_body
-from xrt.serve.loop import EngineFailed, EngineLoop, Job
+from xrt.serve.jobs import Job
+from xrt.serve.loop import EngineFailed, EngineLoop
 from xrt.serve.metrics import Metrics, openai_finish_reason
 from xrt.serve.prepare import Prepared, prepare_chat, prepare_completion
 from xrt.serve.protocol import ChatCompletionRequest, CompletionRequest

@@ -10,13 +10,13 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from xrt.engine.engine import LLMEngine, Request
 from xrt.engine.outputs import StreamOutput
 from xrt.log import get_logger
 from xrt.serve.errors import APIError
+from xrt.serve.jobs import Choice, Job
 from xrt.serve.metrics import Metrics
 
 log = get_logger(__name__)
@@ -27,31 +27,6 @@ _IDLE_WAIT_S = 1.0
 
 class EngineFailed(Exception):
     """The engine loop stopped on an error: every live request ends with it."""
-
-
-@dataclass(eq=False)
-class Choice:
-    job: Job
-    index: int
-    request: Request
-    arrival: float
-    request_id: int = -1  # the engine's, once the loop thread queued it
-    last_token_at: float | None = None
-    queue_timed: bool = False
-
-
-@dataclass(eq=False)
-class Job:
-    """One HTTP request's choices; `queue` gets (index, StreamOutput) or (index, EngineFailed)."""
-
-    queue: asyncio.Queue[tuple[int, Any]]
-    choices: list[Choice] = field(default_factory=list)
-    unfinished: int = 0  # choices without their last delta (counted on the event loop's thread)
-    aborted: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.unfinished == 0
 
 
 class EngineLoop:

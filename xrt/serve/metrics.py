@@ -14,7 +14,7 @@ from xrt.engine.engine import LLMEngine
 from xrt.engine.outputs import StreamOutput
 
 if TYPE_CHECKING:
-    from xrt.serve.loop import Choice
+    from xrt.serve.jobs import Choice
 
 # vLLM's buckets, so the histograms compare bucket for bucket.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

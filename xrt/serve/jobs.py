@@ -1,0 +1,35 @@
+"""What the HTTP side and the engine loop share about one HTTP request: a `Job` holds its choices (one engine
+request each) and the asyncio queue their deltas arrive on; a `Choice` carries the timestamps the metrics need."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from xrt.engine.engine import Request
+
+
+@dataclass(eq=False)
+class Choice:
+    job: Job
+    index: int
+    request: Request
+    arrival: float
+    request_id: int = -1  # the engine's, once the loop thread queued it
+    last_token_at: float | None = None
+    queue_timed: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request's choices; `queue` gets (index, StreamOutput) or (index, EngineFailed)."""
+
+    queue: asyncio.Queue[tuple[int, Any]]
+    choices: list[Choice] = field(default_factory=list)
+    unfinished: int = 0  # choices without their last delta (counted on the event loop's thread)
+    aborted: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.unfinished == 0
