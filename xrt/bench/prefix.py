@@ -62,7 +62,7 @@ from xrt.bench.tiers import (
 from xrt.bench.workload import WARMUP_REP, random_prompts
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device
-from xrt.kvstore.stats import is_level
+from xrt.kvcache.connector import is_level
 from xrt.units import GB
 
 OUTPUT_TOKENS = 4  # generated per measured request: TTFT is the first, the rest compare the phases' outputs

@@ -21,8 +21,8 @@ from xrt.bench.latency import free_memory
 from xrt.bench.setup import BenchError
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device
+from xrt.kvcache.connector import is_level
 from xrt.kvstore.connector import TieredConnector
-from xrt.kvstore.stats import is_level
 
 TIERS = ("gpu", "l1", "l2")
 # The bench's L2 chunks go in a directory of their own under cache.l2.path (or bench.out_dir), made empty at the

@@ -317,9 +317,10 @@ class LLMEngine:
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
 
-    def tier_stats(self) -> TierCounters | None:
-        """What the KV tiers did (every rank's L2 writer through its queue first); None without tiers."""
-        return self._kv.tier_stats()
+    def tier_stats(self, flush: bool = True) -> TierCounters | None:
+        """What the KV tiers did (every rank's L2 writer through its queue first, unless flush=False: the counters
+        as they stand, cheap enough to read after every step); None without tiers."""
+        return self._kv.tier_stats(flush)
 
     def close(self) -> None:
         """Read back what is in flight, close the KV tiers (their threads, the L2 writer's queue, the load

@@ -39,8 +39,16 @@ class PagePins(Protocol):
     def unpin(self, page_ids: list[int]) -> None: ...
 
 
+def is_level(name: str) -> bool:
+    """Whether a `TierCounters.as_dict` key is a state rather than a count (a high-water mark, how L2 reads): a
+    phase's value is its value after the phase, not the difference (xrt/bench/tiers.py stats_diff); a gauge, not
+    a counter, on /metrics."""
+    return name.endswith("_max") or name == "l2_direct_io"
+
+
 class TierCounters(Protocol):
-    """What the tiers did, as `LLM.stats()` hands it back: a summary for `xrt run`, flat counts for bench rows."""
+    """What the tiers did, as `LLM.stats()` hands it back: a summary for `xrt run`, flat counts for bench rows
+    (every key a count but those `is_level` names)."""
 
     def summary(self) -> str: ...
 
@@ -100,8 +108,9 @@ class TierConnector(Protocol):
         """A step's tokens were read back: what it computed is in the pages."""
         ...
 
-    def report(self) -> TierCounters | None:
-        """The counters, every rank's L2 writer through its queue first; None without tiers."""
+    def report(self, flush: bool = True) -> TierCounters | None:
+        """The counters, every rank's L2 writer through its queue first (flush=False: as they stand, without
+        waiting on the writer or the other ranks: what a metrics scrape reads); None without tiers."""
         ...
 
     def close(self) -> None:
@@ -151,7 +160,7 @@ class NoTierConnector:
     def step_read_back(self) -> None:
         pass
 
-    def report(self) -> TierCounters | None:
+    def report(self, flush: bool = True) -> TierCounters | None:
         return None
 
     def close(self) -> None:

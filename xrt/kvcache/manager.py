@@ -177,8 +177,8 @@ class KVCacheManager:
     def take_plan(self) -> TierPlan | None:
         return self.connector.take_plan()
 
-    def tier_stats(self) -> TierCounters | None:
-        return self.connector.report()
+    def tier_stats(self, flush: bool = True) -> TierCounters | None:
+        return self.connector.report(flush)
 
     def close(self) -> None:
         self.connector.close()

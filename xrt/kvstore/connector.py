@@ -341,9 +341,11 @@ class TieredConnector:
         self.agent.flush()
         self._fold_times()
 
-    def report(self) -> TierStats:
-        """The counters, every rank's L2 writer through its queue first."""
-        self.flush()
+    def report(self, flush: bool = True) -> TierStats:
+        """The counters, every rank's L2 writer through its queue first unless flush=False (then the other
+        ranks' counters are as of the last flush)."""
+        if flush:
+            self.flush()
         writer = self.agent.writer
         self.stats.store_queue_now = writer.depth if writer is not None else 0
         if self.l2 is not None:

@@ -15,12 +15,6 @@ RANK_COUNTERS = ("stored_l1", "stored_l2", "stored_bytes_l2", "dropped_l2", "sto
                  "checksum_failures", "failed_loads", "prefetched_chunks")
 
 
-def is_level(name: str) -> bool:
-    """Whether an as_dict key is a state rather than a count (a high-water mark, how L2 reads): a phase's
-    value is its value after the phase, not the difference (xrt/bench/tiers.py stats_diff)."""
-    return name.endswith("_max") or name == "l2_direct_io"
-
-
 def _per_tier() -> dict[str, int]:
     return dict.fromkeys(TIERS, 0)
 

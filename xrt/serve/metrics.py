@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from xrt.engine.engine import LLMEngine
 from xrt.engine.outputs import StreamOutput
+from xrt.serve.tier_metrics import TierCollector
 
 if TYPE_CHECKING:
     from xrt.serve.jobs import Choice
@@ -49,6 +50,8 @@ class Metrics:
             return Histogram(f"xrt:{name}", doc, labels, buckets=buckets, registry=r).labels(model_name)
 
         self.model_name = model_name
+        self.tiers = TierCollector(model_name)
+        r.register(self.tiers)
         self.running = gauge("num_requests_running", "requests in the batch (prefilling or decoding)")
         self.waiting = gauge("num_requests_waiting", "requests queued for the batch")
         self.kv_usage = gauge("kv_cache_usage_perc", "fraction of KV cache pages held by requests (1 = all)")
@@ -70,6 +73,7 @@ class Metrics:
         self.running.set(engine.num_requests_running)
         self.waiting.set(engine.num_requests_waiting)
         self.kv_usage.set(engine.kv_cache_usage)
+        self.tiers.counters = engine.tier_stats(flush=False)
 
     def observe(self, choice: Choice, delta: StreamOutput, now: float) -> None:
         if delta.scheduled_at is not None and not choice.queue_timed:
