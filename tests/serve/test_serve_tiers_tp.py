@@ -84,3 +84,22 @@ def test_a_tp2_server_streams_what_tp1_generates(tiny_checkpoint_diverse: str, n
         assert metric(server.url, "kv_cache_usage_perc") == 0.0
     assert got == want
     assert [c.text for c in whole.choices] == want
+
+
+def test_without_a_tokenizer_every_step_still_streams_a_chunk() -> None:
+    """Dummy weights have no tokenizer.json: no text, yet a chunk per token (what a load generator times)."""
+    import attrs
+
+    from xrt.config import DType, LoadFormat, XrtConfig
+    from xrt.models.tiny import tiny_model_args
+
+    model = attrs.evolve(tiny_model_args(), load_format=LoadFormat.DUMMY, dtype=DType.FLOAT32)
+    with running_server(XrtConfig(model=model, device=tiny_config().device)) as server:
+        client = clients(server.url)[0]
+        chunks = list(client.completions.create(model=MODEL, prompt=prompt_ids(1, 20), max_tokens=9, stream=True,
+                                                stream_options={"include_usage": True}, **GREEDY))
+        with pytest.raises(Exception, match="tokenizer"):
+            client.completions.create(model=MODEL, prompt="text needs a tokenizer", max_tokens=2)
+    tokens = [c for c in chunks if c.choices]
+    assert len(tokens) == 9 and tokens[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 9

@@ -220,7 +220,10 @@ async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator
             opened.add(index)
             yield shapes.chunk(index, None, role=True)
         if item.output is None:
-            if item.text:
+            # A chunk for every step's tokens, even when their text is held back (an incomplete UTF-8 sequence, a
+            # possible stop string) or there is none (a checkpoint without a tokenizer): clients time tokens by
+            # chunks, and a long silence would read as one late token.
+            if item.token_ids:
                 yield shapes.chunk(index, item.text)
             continue
         left -= 1
