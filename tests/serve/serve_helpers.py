@@ -12,14 +12,16 @@ import httpx
 
 from xrt.config import ServeArgs, XrtConfig
 from xrt.engine.llm import LLM
+from xrt.engine.tokenizer import Tokenizer
 from xrt.serve.app import build_state
 from xrt.serve.server import BackgroundServer
 
 
 @contextmanager
-def running_server(cfg: XrtConfig, **serve: Any) -> Iterator[BackgroundServer]:
+def running_server(cfg: XrtConfig, tokenizer: Tokenizer | None = None, **serve: Any) -> Iterator[BackgroundServer]:
+    """tokenizer: one injected into the LLM (dummy weights have none of their own)."""
     args = ServeArgs(**serve)
-    with LLM(cfg) as llm:
+    with LLM(cfg, tokenizer=tokenizer) as llm:
         state = build_state(llm.engine, args, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
         server = BackgroundServer(state).start()
         try:
@@ -39,7 +41,7 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    labels = {**labels, "model_name": "qwen3-tiny"}
+    labels = {"model_name": "qwen3-tiny", **labels}
     key = f"xrt:{name}{{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
     return metrics(url).get(key, 0.0)
 
