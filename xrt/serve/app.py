@@ -220,7 +220,9 @@ async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator
             opened.add(index)
             yield shapes.chunk(index, None, role=True)
         if item.output is None:
-            if item.text:
+            # A chunk per step that gave tokens, also when their text is held back or empty (no tokenizer: dummy
+            # weights), as vLLM streams: a client times its tokens by the chunks (TTFT, ITL).
+            if item.text or item.token_ids:
                 yield shapes.chunk(index, item.text)
             continue
         left -= 1
