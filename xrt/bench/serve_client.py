@@ -129,7 +129,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     base = spec["base_url"].rstrip("/")
     url = f"{base}/v1/completions"
     headers = _headers(spec.get("api_key", ""))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # httpx's pool would hold 100
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # AsyncClient holds 100 by default
     timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         model = spec.get("model") or await _model(client, base, headers)
