@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from xrt.bench.engine_timing import Progress
 from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import free_memory
 from xrt.bench.results import Record
-from xrt.bench.serve_metrics import serve_metrics
+from xrt.bench.serve_metrics import serve_metrics, slos_ms
 from xrt.bench.serve_table import result_lines
 from xrt.bench.setup import BenchError
 from xrt.bench.workload import WARMUP_REP, arrival_offsets, prompts_of_lengths, serve_lengths
@@ -86,7 +85,7 @@ def run_serve(cfg: XrtConfig, progress: Progress) -> list[Record]:
     if "error" in result:
         raise BenchError(result["error"])
     requests = result["requests"]
-    metrics = serve_metrics(requests, result["duration"], b.percentiles, b.slos_ms())
+    metrics = serve_metrics(requests, result["duration"], b.percentiles, slos_ms(b))
     if not metrics["completed"]:
         raise BenchError(f"bench.scenario: every one of the {len(requests)} requests failed, the first with: "
                          f"{requests[0]['error']}")
@@ -108,7 +107,7 @@ def run_serve(cfg: XrtConfig, progress: Progress) -> list[Record]:
         "warmup": b.warmup,
         "tp": cfg.parallel.tp,
         "percentiles": list(b.percentiles),
-        "slo_ms": b.slos_ms(),
+        "slo_ms": slos_ms(b),
         **metrics,
         "errors": list(dict.fromkeys(r["error"] for r in requests if not r["ok"]))[:ERRORS_KEPT],
         **where,
@@ -147,10 +146,10 @@ def _server(cfg: XrtConfig, progress: Progress) -> Iterator[tuple[str, str]]:
 def run_client(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs xrt.bench.serve_client in its own process: the spec in, its result (or {"error": line}) back. Its
     progress goes to this process's stderr."""
-    root = str(Path(xrt.__file__).resolve().parents[1])  # the xrt this process runs, also from a source tree
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    # Run from the directory holding the xrt this process runs (`-m` looks there first), also from a source tree.
+    root = Path(xrt.__file__).resolve().parents[1]
     proc = subprocess.Popen([sys.executable, "-m", "xrt.bench.serve_client"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, cwd=root)
     try:
         out, _ = proc.communicate(json.dumps(spec).encode())
     finally:

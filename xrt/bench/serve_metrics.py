@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from xrt.bench.results import Record
-from xrt.config import BenchObjective
+from xrt.config import BenchArgs, BenchObjective
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 # What a sweep's objective reads of a serve line (xrt.bench.sweep_results.objective_value).
@@ -26,6 +26,12 @@ OBJECTIVE_KEYS = {
     BenchObjective.REQUESTS_PER_S: "request_throughput",
     BenchObjective.GOODPUT: "request_goodput",
 }
+
+
+def slos_ms(bench: BenchArgs) -> dict[str, float]:
+    """The goodput bounds set (bench.slo_*), by the metric they bound."""
+    given = {"ttft": bench.slo_ttft_ms, "tpot": bench.slo_tpot_ms, "e2el": bench.slo_e2el_ms}
+    return {k: v for k, v in given.items() if v > 0}
 
 
 def objective_key(record: Record, metric: BenchObjective) -> str:

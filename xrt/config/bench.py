@@ -185,16 +185,16 @@ class BenchArgs:
         "output_tokens_per_s",
     )
 
-    def slos_ms(self) -> dict[str, float]:
-        """The goodput bounds set, by the metric they bound (ttft, tpot, e2el)."""
-        given = {"ttft": self.slo_ttft_ms, "tpot": self.slo_tpot_ms, "e2el": self.slo_e2el_ms}
-        return {k: v for k, v in given.items() if v > 0}
+    @property
+    def has_slo(self) -> bool:
+        """A goodput bound is set (xrt.bench.serve_metrics.slos_ms: which)."""
+        return any(bound > 0 for bound in (self.slo_ttft_ms, self.slo_tpot_ms, self.slo_e2el_ms))
 
     def objective_metric(self) -> BenchObjective | None:
         """The objective this scenario measures (auto resolved); None for the kernels scenario."""
         if self.objective is not BenchObjective.AUTO:
             return self.objective
-        if self.scenario is BenchScenario.SERVE and self.slos_ms():
+        if self.scenario is BenchScenario.SERVE and self.has_slo:
             return BenchObjective.GOODPUT
         return AUTO_OBJECTIVES.get(self.scenario)
 
@@ -210,7 +210,7 @@ class BenchArgs:
             twice = sorted({t.value for t in self.compare_tiers if self.compare_tiers.count(t) > 1})
             problems.append(("compare_tiers", f"lists {', '.join(twice)} more than once, got "
                                               f"[{', '.join(t.value for t in self.compare_tiers)}]"))
-        if self.objective is BenchObjective.GOODPUT and not self.slos_ms():
+        if self.objective is BenchObjective.GOODPUT and not self.has_slo:
             problems.append(("objective", "goodput needs a bound: set bench.slo_ttft_ms, slo_tpot_ms or slo_e2el_ms"))
         if self.serve_url and not self.serve_url.startswith(("http://", "https://")):
             problems.append(("serve_url", f"expected http://HOST:PORT or https://..., got {self.serve_url!r}"))
