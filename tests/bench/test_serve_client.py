@@ -37,6 +37,18 @@ class Stub:
         self.app = FastAPI()
         self.app.get("/v1/models")(self.list_models)
         self.app.post("/v1/completions")(self.completions)
+        self.app.get("/metrics")(self.metrics)
+
+    async def metrics(self) -> Response:
+        """A TTFT histogram in vLLM's namespace, two label sets: 10 ms per request sent, split between them."""
+        n = len(self.bodies)
+        lines = ["# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+                 "# TYPE vllm:time_to_first_token_seconds histogram"]
+        for half, label in ((n // 2, "a"), (n - n // 2, "b")):
+            lines += [f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="{label}"}} {half}.0',
+                      f'vllm:time_to_first_token_seconds_count{{model_name="{label}"}} {half}.0',
+                      f'vllm:time_to_first_token_seconds_sum{{model_name="{label}"}} {0.01 * half}']
+        return Response("\n".join(lines) + "\n", media_type="text/plain")
 
     async def list_models(self) -> Response:
         if not self.models:
@@ -134,6 +146,12 @@ def test_each_request_is_timed_by_its_chunks_and_failures_are_recorded(serve_stu
     assert out["duration"] >= max(r["start"] + r["latency"] for r in out["requests"])
 
 
+def test_the_servers_ttft_histogram_is_read_over_the_timed_requests_only(serve_stub: tuple[Stub, str]) -> None:
+    _, url = serve_stub
+    out = asyncio.run(run(spec(url, [[20 + i] for i in range(5)], [2] * 5, warmup_prompts=[[30], [31], [32]])))
+    assert out["server_ttft"] == {"sum": pytest.approx(0.05), "count": 5.0}  # the 3 warm-up requests left out
+
+
 def test_a_failed_warm_up_stops_the_run(serve_stub: tuple[Stub, str]) -> None:
     stub, url = serve_stub
     with pytest.raises(LoadError, match="the warm-up request to .* failed: HTTP 400: max_tokens: too many"):
@@ -144,5 +162,5 @@ def test_a_failed_warm_up_stops_the_run(serve_stub: tuple[Stub, str]) -> None:
 @pytest.mark.parametrize("serve_stub", [{"models": False}], indirect=True)
 def test_a_server_that_lists_no_model_is_one_line(serve_stub: tuple[Stub, str]) -> None:
     _, url = serve_stub
-    with pytest.raises(LoadError, match=r"bench.serve_url: GET .*/v1/models: HTTP 401: nope"):
+    with pytest.raises(LoadError, match=r"bench.url: GET .*/v1/models: HTTP 401: nope"):
         asyncio.run(run(spec(url, [[20]], [2])))

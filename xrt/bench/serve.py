@@ -4,12 +4,14 @@ goodput).
 
 The server is `xrt serve` of this config, started in-process on a free port of 127.0.0.1 (uvicorn and the engine
 loop on their threads, as `python -m xrt serve` runs them; `serve.*` applies but host and port), or the one at
-bench.serve_url (then the config only shapes the workload: model.vocab_size bounds the token ids). The client is
+bench.url (then the config only shapes the workload: model.vocab_size bounds the token ids). The client is
 a separate process (xrt.bench.serve_client). The workload is vLLM's random dataset: bench.num_requests prompts of
 seeded random token ids, input and output lengths within bench.range_ratio of bench.input_len and
-bench.output_len, greedy with ignore_eos so every request generates its length; sent at bench.request_rate (a
-gamma process of bench.burstiness; 0: all at once), at most bench.max_concurrency in flight, after bench.warmup
-untimed requests of other prompts. One run, one result line (bench.iters does not apply)."""
+bench.output_len, greedy with ignore_eos so every request generates its length; sent at each bench.request_rate in
+turn (a gamma process of bench.burstiness, Poisson at 1; 0: all at once), new prompt ids for each rate so none is a
+prefix-cache hit, at most bench.max_concurrency in flight, after bench.warmup untimed requests of other prompts
+(before the first rate). One result line per rate, with the server's own mean TTFT from its /metrics beside the
+client's; bench.iters does not apply."""
 
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import xrt
 from xrt.bench.engine_timing import Progress
 from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import free_memory
 from xrt.bench.results import Record
-from xrt.bench.serve_metrics import serve_metrics, slos_ms
+from xrt.bench.serve_metrics import serve_metrics, server_ttft, slos_ms
 from xrt.bench.serve_table import result_lines
 from xrt.bench.setup import BenchError
 from xrt.bench.workload import WARMUP_REP, arrival_offsets, prompts_of_lengths, serve_lengths
@@ -57,48 +61,62 @@ def serve_config(cfg: XrtConfig) -> XrtConfig:
 
 
 def run_serve(cfg: XrtConfig, progress: Progress) -> list[Record]:
+    """One result line per bench.request_rate, in order, all against one server."""
     given = config_dict(cfg)
     cfg = serve_config(cfg)
     b = cfg.bench
     if importlib.util.find_spec("httpx") is None:
         raise BenchError("bench.scenario: serve's client needs httpx (pip install 'xrt[bench]')")
-    vocab = cfg.model.vocab_size
     ins, outs = serve_lengths(cfg)
     warm = list(range(min(b.warmup, b.num_requests)))
-    spec: dict[str, Any] = {
-        "api_key": cfg.serve.api_key,
-        "prompts": prompts_of_lengths(vocab, ins, cfg.seed, 0),
-        "max_tokens": outs,
-        "offsets": arrival_offsets(b.num_requests, b.request_rate, b.burstiness, cfg.seed),
-        "max_concurrency": b.max_concurrency,
-        "warmup_prompts": prompts_of_lengths(vocab, [ins[i] for i in warm], cfg.seed, WARMUP_REP),
-        "warmup_max_tokens": min(b.output_len, WARMUP_TOKENS),
-        "log_level": cfg.log_level.value,
-    }
     device = resolve_device(cfg)
+    records: list[Record] = []
     with _server(cfg, progress) as (url, model):
-        progress(f"[bench] serve: {b.num_requests} requests to {url}, "
-                 f"{f'{b.request_rate:g}/s' if b.request_rate else 'all at once'}"
-                 + (f", at most {b.max_concurrency} in flight" if b.max_concurrency else ""))
-        result = run_client({**spec, "base_url": url, "model": model})
+        for i, rate in enumerate(b.request_rate):
+            progress(f"[bench] serve: {b.num_requests} requests to {url}, {_rate(rate)}"
+                     + (f", at most {b.max_concurrency} in flight" if b.max_concurrency else ""))
+            spec = {
+                "base_url": url, "model": model, "api_key": cfg.serve.api_key, "max_concurrency": b.max_concurrency,
+                # Other ids at each rate: a prompt sent again would be a prefix-cache hit.
+                "prompts": prompts_of_lengths(cfg.model.vocab_size, ins, cfg.seed, i), "max_tokens": outs,
+                "offsets": arrival_offsets(b.num_requests, rate, b.burstiness, cfg.seed + i),
+                # The first rate's warm-up warms the server for the rest.
+                "warmup_prompts": [] if i else prompts_of_lengths(cfg.model.vocab_size, [ins[w] for w in warm],
+                                                                  cfg.seed, WARMUP_REP),
+                "warmup_max_tokens": min(b.output_len, WARMUP_TOKENS), "log_level": cfg.log_level.value,
+            }
+            result = run_client(spec)
+            if "error" in result:
+                raise BenchError(result["error"])
+            records.append(_record(cfg, given, rate, result, device))
+            for line in result_lines(records[-1]):
+                progress(line)
     free_memory(device)
-    if "error" in result:
-        raise BenchError(result["error"])
+    return records
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:g} requests/s" if rate else "all at once"
+
+
+def _record(cfg: XrtConfig, given: dict[str, Any], rate: float, result: dict[str, Any],
+            device: torch.device) -> Record:
+    b = cfg.bench
     requests = result["requests"]
     metrics = serve_metrics(requests, result["duration"], b.percentiles, slos_ms(b))
     if not metrics["completed"]:
-        raise BenchError(f"bench.scenario: every one of the {len(requests)} requests failed, the first with: "
-                         f"{requests[0]['error']}")
+        raise BenchError(f"bench.scenario: every one of the {len(requests)} requests at {_rate(rate)} failed, the "
+                         f"first with: {requests[0]['error']}")
     head = scenario_head("serve", cfg, device)
-    where = {**environment(device)}
-    if b.serve_url:  # the config does not describe a server it did not start
+    where = environment(device)
+    if b.url:  # the config does not describe a server it did not start
         head.update(executor="external", model=result["model"], dtype=None)
-        where.update(device=None, device_name=b.serve_url)
-    rec: Record = {
+        where.update(device=None, device_name=b.url)
+    return {
         **head,
         "served_model": result["model"],
         "num_requests": b.num_requests,
-        "request_rate": b.request_rate,
+        "request_rate": rate,
         "burstiness": b.burstiness,
         "max_concurrency": b.max_concurrency,
         "input_len": b.input_len,
@@ -109,21 +127,19 @@ def run_serve(cfg: XrtConfig, progress: Progress) -> list[Record]:
         "percentiles": list(b.percentiles),
         "slo_ms": slos_ms(b),
         **metrics,
+        **server_ttft(result.get("server_ttft")),
         "errors": list(dict.fromkeys(r["error"] for r in requests if not r["ok"]))[:ERRORS_KEPT],
         **where,
         "config": given,
         "adjusted": adjusted(given, config_dict(cfg)),
     }
-    for line in result_lines(rec):
-        progress(line)
-    return [rec]
 
 
 @contextmanager
 def _server(cfg: XrtConfig, progress: Progress) -> Iterator[tuple[str, str]]:
     """(base URL, model name; "" for the client to ask /v1/models)."""
-    if cfg.bench.serve_url:
-        yield cfg.bench.serve_url.rstrip("/"), ""
+    if cfg.bench.url:
+        yield cfg.bench.url.rstrip("/"), ""
         return
     try:
         from xrt.serve.app import build_state

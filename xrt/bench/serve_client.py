@@ -7,7 +7,8 @@ once, untimed; one failing stops the run), then each request at its offset from 
 `max_concurrency` in flight (0: no limit; a request waiting for a slot is not timed yet, as in vLLM), as a streamed
 /v1/completions request with a token-id prompt, greedy and `ignore_eos`. Each is timed as vLLM's client times it:
 TTFT to the first chunk carrying a choice, one ITL per later such chunk, E2EL to the end of the stream; its output
-tokens come from the usage chunk (`stream_options.include_usage`). Imports httpx, the standard library and
+tokens come from the usage chunk (`stream_options.include_usage`). The server's own TTFT histogram is read from its
+/metrics before and after the timed requests, so the two clocks can be compared. Imports httpx, the standard library and
 xrt.progress, no torch, so it starts in a fraction of a second."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ CONNECT_TIMEOUT_S = 60.0
 # Between two reads of one stream. A request queued behind thousands of others gets its first byte late, so this
 # only catches a server that stopped answering.
 READ_TIMEOUT_S = 3600.0
+TTFT_HISTOGRAM = "time_to_first_token_seconds"  # vLLM's name, which xrt serve's /metrics keeps
 ERROR_CHARS = 300  # of a response body that is not the OpenAI error shape
 
 
@@ -114,13 +116,36 @@ async def _model(client: httpx.AsyncClient, base: str, headers: dict[str, str]) 
     try:
         response = await client.get(f"{base}/v1/models", headers=headers)
     except httpx.HTTPError as e:
-        raise LoadError(f"bench.serve_url: GET {base}/v1/models: {type(e).__name__}: {e}") from None
+        raise LoadError(f"bench.url: GET {base}/v1/models: {type(e).__name__}: {e}") from None
     if response.status_code != 200:
-        raise LoadError(f"bench.serve_url: GET {base}/v1/models: {_error_text(response.status_code, response.content)}")
+        raise LoadError(f"bench.url: GET {base}/v1/models: {_error_text(response.status_code, response.content)}")
     try:
         return str(response.json()["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise LoadError(f"bench.serve_url: GET {base}/v1/models: no model listed") from None
+        raise LoadError(f"bench.url: GET {base}/v1/models: no model listed") from None
+
+
+async def histogram(client: httpx.AsyncClient, base: str, name: str) -> dict[str, float] | None:
+    """sum and count of a Prometheus histogram on the server's /metrics, over its label sets, whatever its namespace
+    (`xrt:`, `vllm:`); None when the server has no /metrics or no such histogram."""
+    try:
+        response = await client.get(f"{base}/metrics")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    found = {"sum": 0.0, "count": 0.0}
+    seen = False
+    for line in response.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric = series.split("{")[0].rsplit(":", 1)[-1]
+        for part in found:
+            if metric == f"{name}_{part}":
+                found[part] += float(value)
+                seen = True
+    return found if seen else None
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -152,10 +177,13 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 bar.update(1)
                 return r
 
+            before = await histogram(client, base, TTFT_HISTOGRAM)
             t0 = time.perf_counter()
             requests = await asyncio.gather(*(one(i, t0) for i in range(len(payloads))))
             duration = time.perf_counter() - t0
-    return {"model": model, "duration": duration, "requests": requests}
+        after = await histogram(client, base, TTFT_HISTOGRAM)
+    gained = {k: after[k] - before[k] for k in after} if before and after else None
+    return {"model": model, "duration": duration, "requests": requests, "server_ttft": gained}
 
 
 def main() -> int:

@@ -30,7 +30,7 @@ OBJECTIVE_KEYS = {
 
 def slos_ms(bench: BenchArgs) -> dict[str, float]:
     """The goodput bounds set (bench.slo_*), by the metric they bound."""
-    given = {"ttft": bench.slo_ttft_ms, "tpot": bench.slo_tpot_ms, "e2el": bench.slo_e2el_ms}
+    given = {"ttft": bench.slo_ttft_ms, "tpot": bench.slo_tpot_ms, "e2el": bench.slo_e2e_ms}
     return {k: v for k, v in given.items() if v > 0}
 
 
@@ -60,6 +60,15 @@ def _stats(name: str, seconds: list[float], percentiles: list[float]) -> dict[st
     for p in percentiles:
         out[f"{percentile_key(p)}_{name}_ms"] = float(np.percentile(ms, p)) if have else None
     return out
+
+
+def server_ttft(seen: dict[str, float] | None) -> Record:
+    """The server's own mean TTFT over the timed requests, beside the client's: its Prometheus histogram's sum and
+    count gained during the run (xrt.bench.serve_client.histogram). The server's clock starts once the body is
+    read and stops when the step ends, the client's before sending and once the chunk is in: the gap is HTTP's."""
+    count = seen["count"] if seen else 0
+    return {"server_mean_ttft_ms": 1000 * seen["sum"] / count if seen and count else None,
+            "server_ttft_count": int(count) if seen else None}
 
 
 def peak_concurrency(requests: list[dict[str, Any]]) -> int:

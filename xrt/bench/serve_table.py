@@ -1,5 +1,6 @@
 """The serve scenario's output: the block `vllm bench serve` prints at the end of a run (same lines, same order, E2EL
-included), and results.md's table, one row per run, labelled as the other tables' rows (xrt.bench.cells)."""
+and the server's own mean TTFT added), and results.md's tables: one per (model, lengths, device), a row per request
+rate and label (executor and the fields a sweep varies, as the other tables' rows: xrt.bench.cells)."""
 
 from __future__ import annotations
 
@@ -42,19 +43,20 @@ def result_lines(r: Record) -> list[str]:
                   _row(f"Median {short} (ms):", r[f"median_{key}_ms"])]
         lines += [_row(f"{percentile_key(p).upper()} {short} (ms):", r[f"{percentile_key(p)}_{key}_ms"])
                   for p in r["percentiles"]]
+        if key == "ttft" and r.get("server_mean_ttft_ms") is not None:
+            lines.append(_row("Server's mean TTFT (ms):", r["server_mean_ttft_ms"]))
     if r["errors"]:
         lines.append(f"first errors: {'; '.join(r['errors'])}")
     return [*lines, "=" * WIDTH]
 
 
+def rate_label(rate: float) -> str:
+    return f"{rate:g}/s" if rate else "all at once"
+
+
 def _rate(r: Record) -> str:
-    rate = f"{r['request_rate']:g}/s" if r["request_rate"] else "all at once"
-    return rate + (f", burstiness {r['burstiness']:g}" if r["request_rate"] and r["burstiness"] != 1 else "")
-
-
-def _lengths(r: Record) -> str:
-    spread = f" ±{100 * r['range_ratio']:.0f}%" if r["range_ratio"] else ""
-    return f"{r['input_len']} / {r['output_len']}{spread}"
+    burst = f", burstiness {r['burstiness']:g}" if r["request_rate"] and r["burstiness"] != 1 else ""
+    return rate_label(r["request_rate"]) + burst
 
 
 def _latency(r: Record, key: str) -> str:
@@ -69,38 +71,59 @@ def _goodput(r: Record) -> str:
     return f"{r['request_goodput']:.2f} ({', '.join(f'{k} ≤ {v:g}' for k, v in r['slo_ms'].items())})"
 
 
-def render_serve(records: list[Record]) -> list[str]:
-    """The serve table and its note; [] without serve lines."""
-    rows = [r for r in records if r.get("scenario") == "serve"]
-    if not rows:
-        return []
+GroupKey = tuple[Any, ...]
+SERVE_KEY = ("model", "input_len", "output_len", "range_ratio", "device_name")
+
+
+def serve_groups(records: list[Record]) -> dict[GroupKey, list[Record]]:
+    """Rows per (model, lengths, device), each with its "label" (executor and the fields a sweep varies), in the
+    order they ran."""
+    groups: dict[GroupKey, list[Record]] = {}
+    for r in records:
+        if r.get("scenario") == "serve":
+            groups.setdefault(tuple(r.get(k) for k in SERVE_KEY), []).append(r)
+    return {k: [{**r, "label": label} for r, label in zip(rs, row_labels(rs), strict=True)]
+            for k, rs in groups.items()}
+
+
+def _table(key: GroupKey, rows: list[Record]) -> list[str]:
+    model, input_len, output_len, ratio, dev = key
+    spread = f" ±{100 * ratio:.0f}%" if ratio else ""
     quantiles = sorted({percentile_key(p) for r in rows for p in r["percentiles"]})
     lines = [
-        "## Serve (OpenAI-compatible HTTP, as `vllm bench serve`)",
+        f"## Serve: {model}, input {input_len} / output {output_len}{spread}, {dev}",
         "",
-        f"ms cells: mean / median / {' / '.join(quantiles)} (each row's bench.percentiles).",
+        f"{rows[0]['num_requests']} requests per rate; ms cells: mean / median / {' / '.join(quantiles)} (each "
+        "row's bench.percentiles); server TTFT: the server's own histogram mean.",
         "",
-        "| label | model | device | requests (failed) | rate | max in flight | input / output | duration s | req/s "
-        "| goodput req/s | output tok/s | total tok/s | TTFT ms | TPOT ms | ITL ms | E2EL ms |",
-        "|---|---|---|--:|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| label | rate | max in flight | completed (failed) | duration s | req/s | goodput req/s | output tok/s "
+        "| total tok/s | TTFT ms | server TTFT ms | TPOT ms | ITL ms | E2EL ms |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
-    for r, label in zip(rows, row_labels(rows), strict=True):
-        limit = r["max_concurrency"] or "–"
-        lines.append(
-            f"| {label} | {r['model']} | {r['device_name']} | {r['completed']} ({r['failed']}) | {_rate(r)} "
-            f"| {limit} (peak {r['peak_concurrent_requests']}) | {_lengths(r)} | {r['duration']:.2f} "
-            f"| {r['request_throughput']:.2f} | {_goodput(r)} | {r['output_throughput']:.0f} "
-            f"| {r['total_token_throughput']:.0f} | {_latency(r, 'ttft')} | {_latency(r, 'tpot')} "
-            f"| {_latency(r, 'itl')} | {_latency(r, 'e2el')} |"
-        )
-    return [*lines, "", SERVE_NOTE, ""]
+    for r in rows:
+        cells = [r["label"], _rate(r), f"{r['max_concurrency'] or '–'} (peak {r['peak_concurrent_requests']})",
+                 f"{r['completed']} ({r['failed']})", f"{r['duration']:.2f}", f"{r['request_throughput']:.2f}",
+                 _goodput(r), f"{r['output_throughput']:.0f}", f"{r['total_token_throughput']:.0f}",
+                 _latency(r, "ttft"), ms(r.get("server_mean_ttft_ms")),
+                 *(_latency(r, key) for key in ("tpot", "itl", "e2el"))]
+        lines.append(f"| {' | '.join(cells)} |")
+    return lines
+
+
+def render_serve(records: list[Record]) -> list[str]:
+    """The serve tables and their note; [] without serve lines."""
+    groups = serve_groups(records)
+    lines: list[str] = []
+    for key, rows in groups.items():
+        lines += _table(key, rows) + [""]
+    return [*lines, SERVE_NOTE, ""] if groups else []
 
 
 SERVE_NOTE = (
     "Serve: a separate client process sends bench.num_requests streamed /v1/completions requests (seeded random "
-    "token ids, greedy, ignore_eos) at bench.request_rate, at most bench.max_concurrency in flight; throughput over "
-    "the run's duration counts completed requests only; TTFT to the first streamed chunk, TPOT = (E2EL - TTFT) / "
-    "(output tokens - 1), ITL = the gaps between a stream's chunks, E2EL to the stream's end; goodput = requests "
+    "token ids, greedy, ignore_eos) at each bench.request_rate, at most bench.max_concurrency in flight; throughput "
+    "over the run's duration counts completed requests only; TTFT to the first streamed chunk, TPOT = (E2EL - TTFT) "
+    "/ (output tokens - 1), ITL = the gaps between a stream's chunks, E2EL to the stream's end; goodput = requests "
     "within every SLO (bench.slo_*) per second. The figures and their JSON keys are vLLM's; peak = most requests "
     "in flight at one instant."
 )

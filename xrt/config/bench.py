@@ -22,7 +22,7 @@ class BenchScenario(enum.Enum):
     KERNELS = "kernels"
     PREFIX = "prefix"  # TTFT by where a prompt's prefix comes from: recomputed, GPU pages, L1, L2 after a restart
     MULTITURN = "multiturn"  # clients' conversations whose KV outgrows the GPU pages, per cache.tiers setting
-    SERVE = "serve"  # requests over HTTP to `xrt serve` (or bench.serve_url): what `vllm bench serve` reports
+    SERVE = "serve"  # requests over HTTP to `xrt serve` (or bench.url): what `vllm bench serve` reports
 
 
 class BenchObjective(enum.Enum):
@@ -134,9 +134,10 @@ class BenchArgs:
         factory=lambda: [KVTiers.GPU, KVTiers.L1_L2],
         help="multiturn scenario: the cache.tiers settings run, each on a fresh engine; ratios are against the first",
     )
-    request_rate: float = field(
-        0.0, help="serve scenario: requests per second, arriving as a gamma process of bench.burstiness (vLLM's "
-        "--request-rate); 0: all at once (vLLM's inf)", unit="1/s", validator=ge(0),
+    request_rate: list[float] = field(
+        factory=lambda: [0.0], help="serve scenario: request rates measured, one result line each, in requests per "
+        "second arriving as a gamma process of bench.burstiness (vLLM's --request-rate); 0: all at once (vLLM's "
+        "inf, which a schema field cannot hold: every number here is finite)", unit="1/s", validator=each(ge(0)),
     )
     burstiness: float = field(
         1.0, help="serve scenario: the shape of the arrival intervals' gamma distribution: 1 is a Poisson process, "
@@ -164,11 +165,11 @@ class BenchArgs:
         0.0, help="serve scenario: goodput's bound on a request's TPOT (vLLM's --goodput tpot:MS); 0: none",
         unit="ms", validator=ge(0),
     )
-    slo_e2el_ms: float = field(
+    slo_e2e_ms: float = field(
         0.0, help="serve scenario: goodput's bound on a request's end-to-end latency (vLLM's --goodput e2el:MS); "
         "0: none", unit="ms", validator=ge(0),
     )
-    serve_url: str = field(
+    url: str = field(
         "", help="serve scenario: the server to measure, e.g. http://host:8000 (any OpenAI-compatible one that takes "
         "token-id prompts: xrt serve, vLLM); serve.api_key is sent as its key; empty: start `xrt serve` of this "
         "config in-process on a free port of 127.0.0.1",
@@ -188,7 +189,7 @@ class BenchArgs:
     @property
     def has_slo(self) -> bool:
         """A goodput bound is set (xrt.bench.serve_metrics.slos_ms: which)."""
-        return any(bound > 0 for bound in (self.slo_ttft_ms, self.slo_tpot_ms, self.slo_e2el_ms))
+        return any(bound > 0 for bound in (self.slo_ttft_ms, self.slo_tpot_ms, self.slo_e2e_ms))
 
     def objective_metric(self) -> BenchObjective | None:
         """The objective this scenario measures (auto resolved); None for the kernels scenario."""
@@ -204,6 +205,8 @@ class BenchArgs:
             problems.append(("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}"))
         if not self.prefix_lens:
             problems.append(("prefix_lens", "must list at least one prefix length, got []"))
+        if not self.request_rate:
+            problems.append(("request_rate", "must list at least one rate (0: all at once), got []"))
         if not self.compare_tiers:
             problems.append(("compare_tiers", "must list at least one cache.tiers setting (gpu, l1, l1_l2), got []"))
         elif len(set(self.compare_tiers)) < len(self.compare_tiers):
@@ -211,9 +214,9 @@ class BenchArgs:
             problems.append(("compare_tiers", f"lists {', '.join(twice)} more than once, got "
                                               f"[{', '.join(t.value for t in self.compare_tiers)}]"))
         if self.objective is BenchObjective.GOODPUT and not self.has_slo:
-            problems.append(("objective", "goodput needs a bound: set bench.slo_ttft_ms, slo_tpot_ms or slo_e2el_ms"))
-        if self.serve_url and not self.serve_url.startswith(("http://", "https://")):
-            problems.append(("serve_url", f"expected http://HOST:PORT or https://..., got {self.serve_url!r}"))
+            problems.append(("objective", "goodput needs a bound: set bench.slo_ttft_ms, slo_tpot_ms or slo_e2e_ms"))
+        if self.url and not self.url.startswith(("http://", "https://")):
+            problems.append(("url", f"expected http://HOST:PORT or https://..., got {self.url!r}"))
         measured = SCENARIO_OBJECTIVES
         if self.objective is not BenchObjective.AUTO and self.objective not in measured.get(self.scenario, ()):
             fits = sorted(o.value for o in measured.get(self.scenario, ()))
