@@ -129,6 +129,12 @@ def test_a_server_it_cannot_reach_is_one_line(capsys: pytest.CaptureFixture[str]
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_a_url_that_is_not_http_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc = main(["bench", *TINY, "bench.url=localhost:8000", f"bench.out_dir={tmp_path}"])
+    _, err = capsys.readouterr()
+    assert (rc, err) == (2, "error: bench.url: expected http://HOST:PORT or https://..., got 'localhost:8000'\n")
+
+
 def test_a_workload_past_the_model_stops_before_serving(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc = main(["bench", *TINY, "bench.input_len=2000", "bench.output_len=100", "bench.range_ratio=0.1",
                f"bench.out_dir={tmp_path}"])
@@ -155,8 +161,6 @@ def test_a_workload_past_the_model_stops_before_serving(capsys: pytest.CaptureFi
         ("bench.objective=l2_ttft_ms",
          ("bench.objective", "the serve scenario does not measure l2_ttft_ms; expected one of goodput, "
                              "output_tokens_per_s, requests_per_s, tokens_per_s, tpot_ms, ttft_ms or auto")),
-        ("bench.url=localhost:8000",
-         ("bench.url", "expected http://HOST:PORT or https://..., got 'localhost:8000'")),
     ],
 )
 def test_bad_serve_fields_are_one_line_naming_the_field(override: str, problem: tuple[str, str]) -> None:

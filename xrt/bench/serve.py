@@ -48,6 +48,9 @@ def serve_config(cfg: XrtConfig) -> XrtConfig:
     request at once fits the server's queue (serve.max_queued) instead of getting 503s."""
     c = copy.deepcopy(cfg)
     b = c.bench
+    # A string field takes any text when composing (xrt.config.verbatim); a URL is checked where it is used.
+    if b.url and not b.url.startswith(("http://", "https://")):
+        raise BenchError(f"bench.url: expected http://HOST:PORT or https://..., got {b.url!r}")
     ins, outs = serve_lengths(c)
     need = max(ins) + max(outs)
     if need > c.model.max_position_embeddings:

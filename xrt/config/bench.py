@@ -215,8 +215,6 @@ class BenchArgs:
                                               f"[{', '.join(t.value for t in self.compare_tiers)}]"))
         if self.objective is BenchObjective.GOODPUT and not self.has_slo:
             problems.append(("objective", "goodput needs a bound: set bench.slo_ttft_ms, slo_tpot_ms or slo_e2e_ms"))
-        if self.url and not self.url.startswith(("http://", "https://")):
-            problems.append(("url", f"expected http://HOST:PORT or https://..., got {self.url!r}"))
         measured = SCENARIO_OBJECTIVES
         if self.objective is not BenchObjective.AUTO and self.objective not in measured.get(self.scenario, ()):
             fits = sorted(o.value for o in measured.get(self.scenario, ()))
