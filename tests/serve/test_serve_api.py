@@ -17,7 +17,7 @@ pytest.importorskip("openai")
 from conftest import tiny_config  # noqa: E402
 from serve_helpers import clients, metric, running_server, wait_until  # noqa: E402
 
-from xrt.config import SamplingArgs  # noqa: E402
+from xrt.config import LoadFormat, SamplingArgs  # noqa: E402
 from xrt.engine.llm import LLM  # noqa: E402
 from xrt.serve.server import BackgroundServer  # noqa: E402
 
@@ -131,6 +131,21 @@ def test_stop_strings_cut_streamed_and_whole_alike(client: Any, reference: LLM) 
                                             **GREEDY)
     assert texts == {0: cut} and reasons == {0: "stop"}
     assert offline(reference, ["The river"], 30, stop=[stop]) == [cut]
+
+
+def test_every_step_that_gives_a_token_is_a_chunk(client: Any, tiny_checkpoint: str) -> None:
+    """Also when its text is held back (a stop string could start there) or there is none (no tokenizer: dummy
+    weights), as vLLM streams: a client times tokens by chunks (xrt bench bench.scenario=serve's TTFT and ITL)."""
+    _, _, chunks = streamed_completion(client, prompt="Once upon", max_tokens=12, **GREEDY)
+    assert len([c for c in chunks if c.choices]) == 12  # one request alone gets one token per step
+    cfg = tiny_config(tiny_checkpoint)
+    cfg.model.load_format = LoadFormat.DUMMY
+    with running_server(cfg) as dummy:
+        stream = clients(dummy.url)[0].completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=9, stream=True,
+                                                          **GREEDY)
+        chunks = [c for c in stream if c.choices]
+    assert len(chunks) == 9 and all(c.choices[0].text == "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_chat_streamed_equals_whole_equals_llm_chat(client: Any, reference: LLM) -> None:

@@ -86,8 +86,8 @@ def test_a_tp2_server_streams_what_tp1_generates(tiny_checkpoint_diverse: str, n
     assert [c.text for c in whole.choices] == want
 
 
-def test_without_a_tokenizer_every_step_still_streams_a_chunk() -> None:
-    """Dummy weights have no tokenizer.json: no text, yet a chunk per token (what a load generator times)."""
+def test_without_a_tokenizer_token_ids_serve_and_text_is_refused() -> None:
+    """Dummy weights have no tokenizer.json: token-id prompts stream with usage, a text prompt is a 400 naming it."""
     import attrs
 
     from xrt.config import DType, LoadFormat, XrtConfig

@@ -7,9 +7,9 @@ from typing import Any
 
 from xrt.bench.results import Record
 
-# Config fields that differ between jobs without making a different row: the batch (a row's own
-# column), the executor (the label's head) and where the results go.
-SAME_ROW = {"bench.batch", "bench.out_dir", "executor.kind"}
+# Config fields that differ between jobs without making a different row: the batch and the serve scenario's
+# request rate (a row's own column), the executor (the label's head) and where the results go.
+SAME_ROW = {"bench.batch", "bench.request_rate", "bench.out_dir", "executor.kind"}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """plot.png: TPOT and TTFT against batch for each latency group: ours per executor (and swept field), the HF peer,
 xLLM's H100 figures (when the lengths match theirs) and the bandwidth floor; below them a row per group of the
-KV-tier scenarios (prefix, multiturn: xrt.bench.tier_plot)."""
+KV-tier scenarios (prefix, multiturn: xrt.bench.tier_plot) and of the serve scenario (xrt.bench.serve_plot)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,21 @@ def _series(rows: list[Record], field: str) -> tuple[list[int], list[float]]:
 
 
 def write_plot(records: list[Record], path: Path) -> bool:
-    """False when there is nothing to plot (no successful latency, prefix or multiturn line)."""
+    """False when there is nothing to plot (no successful latency, prefix, multiturn or serve line)."""
+    from xrt.bench.serve_plot import draw_serve
+    from xrt.bench.serve_table import serve_groups
     from xrt.bench.tier_plot import draw, tier_rows
 
     groups = {k: v for k, v in latency_groups(records).items() if any(r["status"] == "ok" for r in v)}
     tiers = tier_rows(records)
-    if not groups and not tiers:
+    serve = serve_groups(records)
+    if not groups and not tiers and not serve:
         return False
-    fig, axes = new_figure(len(groups) + len(tiers), 2, 12)
-    for (scenario, key, rows), pair in zip(tiers, axes[len(groups) :], strict=True):
+    fig, axes = new_figure(len(groups) + len(tiers) + len(serve), 2, 12)
+    for (scenario, key, rows), pair in zip(tiers, axes[len(groups) : len(groups) + len(tiers)], strict=True):
         draw(scenario, key, rows, pair)
+    for (key, rows), pair in zip(serve.items(), axes[len(groups) + len(tiers) :], strict=True):
+        draw_serve(key, rows, *pair)
     for (key, rows), (ax_tpot, ax_ttft) in zip(groups.items(), axes[: len(groups)], strict=True):
         model, input_len, output_len, dtype, dev = key
         xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}

@@ -18,6 +18,10 @@ def scenario_problem(cfg: XrtConfig) -> str | None:
             from xrt.bench.multiturn import multiturn_config
 
             multiturn_config(cfg)
+        elif cfg.bench.scenario is BenchScenario.SERVE:
+            from xrt.bench.serve import serve_config
+
+            serve_config(cfg)
         else:
             bench_config(cfg)
     except BenchError as e:

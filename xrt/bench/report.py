@@ -29,7 +29,7 @@ def regenerate(out_dir: Path) -> list[str]:
         reason = (f"{e.name or 'matplotlib'} is not installed here; "
                   f"run `python -m xrt.bench.report {out_dir}` where it is")
     else:
-        reason = "no latency or kernels measurement to plot"
+        reason = "no latency, KV-tier, serve or kernels measurement to plot"
     for name in (PLOT, KERNELS_PLOT):
         if name not in plotted:
             (out_dir / name).unlink(missing_ok=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from xrt.bench.results import RESULTS, Record, read_records
+from xrt.bench.serve_metrics import objective_key
 from xrt.config import BenchObjective
 from xrt.config.bench import THROUGHPUT_OBJECTIVES
 
@@ -27,9 +28,10 @@ def direction(metric: BenchObjective) -> str:
 
 
 def objective_value(records: list[Record], metric: BenchObjective) -> float:
-    """The job's objective: throughput as measured; TTFT/TPOT the mean over the batches measured. NaN when
+    """The job's objective: throughput as measured; TTFT/TPOT the mean over the batches measured (serve: the mean over
+    its requests, under vLLM's key, `objective_key`). NaN when
     nothing was (every batch skipped): the sweeper records a failed trial rather than a made-up value."""
-    values = [r[metric.value] for r in records if r.get("status") == "ok" and r.get(metric.value) is not None]
+    values = [r[k] for r in records if r.get("status") == "ok" and r.get(k := objective_key(r, metric)) is not None]
     return sum(values) / len(values) if values else math.nan
 
 

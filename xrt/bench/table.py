@@ -1,6 +1,7 @@
 """results.md from the result lines: one latency table per (model, input, output, dtype, device), a
-throughput table, the KV-tier scenarios' tables (prefix, multiturn: xrt.bench.tier_table) and the kernels
-scenario's (xrt.bench.kernels.table). Later lines for the same row replace earlier ones."""
+throughput table, the KV-tier scenarios' tables (prefix, multiturn: xrt.bench.tier_table), the serve scenario's
+(xrt.bench.serve_table) and the kernels scenario's (xrt.bench.kernels.table). Later lines for the same row replace
+earlier ones."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
 from xrt.bench.cells import ms, row_labels, spread
 from xrt.bench.kernels.table import render_kernels
 from xrt.bench.results import Record
+from xrt.bench.serve_table import render_serve
 from xrt.bench.tier_table import render_tiers
 
 LatencyKey = tuple[str, int, int, str, str]
@@ -112,8 +114,10 @@ def render_markdown(records: list[Record]) -> str:
         lines += _throughput_table(tput) + [""]
     tiers = render_tiers(records)
     lines += tiers
+    serve = render_serve(records)
+    lines += serve
     kernels = render_kernels(records)
     lines += kernels
-    if latency or tput or not (kernels or tiers):
+    if latency or tput or not (kernels or tiers or serve):
         lines += NOTES
     return "\n".join(lines) + "\n"

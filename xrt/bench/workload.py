@@ -32,3 +32,29 @@ def random_lengths(num: int, min_len: int, max_len: int, seed: int) -> list[tupl
 def prompts_of_lengths(vocab_size: int, lengths: list[int], seed: int, rep: int) -> list[list[int]]:
     rng = np.random.default_rng([seed, len(lengths), rep, 1])
     return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
+
+
+def around(num: int, center: int, ratio: float, rng: np.random.Generator) -> list[int]:
+    """`num` lengths uniform in [center x (1 - ratio), center x (1 + ratio)], at least 1 (vLLM's random dataset)."""
+    lo, hi = max(1, int(center * (1 - ratio))), max(1, int(center * (1 + ratio)))
+    return [int(n) for n in rng.integers(lo, hi + 1, size=num)]
+
+
+def serve_lengths(cfg: XrtConfig) -> tuple[list[int], list[int]]:
+    """The serve scenario's (input lengths, output lengths), one each per request."""
+    b = cfg.bench
+    rng = np.random.default_rng([cfg.seed, b.num_requests, b.input_len, b.output_len, 3])
+    return around(b.num_requests, b.input_len, b.range_ratio, rng), around(b.num_requests, b.output_len,
+                                                                          b.range_ratio, rng)
+
+
+def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds from the start at which each request is sent. rate 0: all at once. Else the intervals are drawn from
+    a gamma distribution of shape `burstiness` and mean 1 / rate, summed, and scaled so the last request goes at
+    num / rate exactly: vLLM's `get_request` does so, because the bare sum strays 1-2% from it by seed, and so would
+    the throughput measured at a fixed rate."""
+    if rate <= 0:
+        return [0.0] * num
+    rng = np.random.default_rng([seed, num, 5])
+    offsets = np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num))
+    return (offsets * (num / rate / offsets[-1])).tolist()

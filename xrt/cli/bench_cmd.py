@@ -1,5 +1,5 @@
-"""`python -m xrt bench`: run the configured scenario (latency, throughput, kernels, prefix, multiturn), write its
-lines to <bench.out_dir>/results.jsonl, and regenerate results.md and the plots there. In a multirun (`-m`) each job
+"""`python -m xrt bench`: run the configured scenario (latency, throughput, kernels, prefix, multiturn, serve), write
+its lines to <bench.out_dir>/results.jsonl, and regenerate results.md and the plots there. In a multirun (`-m`) each job
 writes into its Hydra job directory and the sweep's table is built from them all (`xrt.bench.sweep_results`);
 `python -m xrt bench report DIR` rebuilds it from any finished sweep (or results) directory."""
 
@@ -90,6 +90,10 @@ def run_job(
             from xrt.bench.multiturn import run_multiturn
 
             records = run_multiturn(cfg, progress)
+        elif cfg.bench.scenario is BenchScenario.SERVE:
+            from xrt.bench.serve import run_serve
+
+            records = run_serve(cfg, progress)
         else:
             from xrt.bench.kernels.run import run_kernels
 

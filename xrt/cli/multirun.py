@@ -212,7 +212,7 @@ def _sweep_problems(command: str, p: Planned) -> list[Problem]:
     metrics = {c.bench.objective_metric() for c in p.cfgs}
     if None in metrics:
         problems.append(("bench.objective", "the kernels scenario returns no objective for the sweeper; "
-                                            "use bench.scenario=latency, throughput, prefix or multiturn"))
+                                            "use bench.scenario=latency, throughput, prefix, multiturn or serve"))
     wanted = sorted({direction(m) for m in metrics if m is not None})
     if len(wanted) == 1 and plan.directions and plan.directions != wanted:
         names = ", ".join(sorted(m.value for m in metrics if m is not None))

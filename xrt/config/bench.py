@@ -8,7 +8,7 @@ import attrs
 
 from xrt.config.cache import KVTiers
 from xrt.config.problems import Problems
-from xrt.reflect import each, field, ge
+from xrt.reflect import each, field, ge, gt, in_range
 
 
 class BenchPeer(enum.Enum):
@@ -22,39 +22,44 @@ class BenchScenario(enum.Enum):
     KERNELS = "kernels"
     PREFIX = "prefix"  # TTFT by where a prompt's prefix comes from: recomputed, GPU pages, L1, L2 after a restart
     MULTITURN = "multiturn"  # clients' conversations whose KV outgrows the GPU pages, per cache.tiers setting
+    SERVE = "serve"  # requests over HTTP to `xrt serve` (or bench.url): what `vllm bench serve` reports
 
 
 class BenchObjective(enum.Enum):
     """What a bench job returns to Hydra's sweeper (Optuna optimises it; every sweep reports its best job)."""
 
     AUTO = "auto"  # latency: tpot_ms; throughput: tokens_per_s; prefix: l2_ttft_ms; multiturn: requests_per_s;
-    # kernels: none
-    TTFT_MS = "ttft_ms"  # latency, mean over bench.batch (one batch: TTFT at that batch); lower is better
+    # serve: goodput with a bench.slo_* set, else output_tokens_per_s; kernels: none
+    TTFT_MS = "ttft_ms"  # latency, mean over bench.batch (one batch: TTFT at that batch); serve: mean over the
+    # requests; lower is better
     TPOT_MS = "tpot_ms"  # latency, as ttft_ms
-    TOKENS_PER_S = "tokens_per_s"  # throughput, input and output tokens; higher is better
-    OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # throughput, output tokens only
+    TOKENS_PER_S = "tokens_per_s"  # throughput (serve too), input and output tokens; higher is better
+    OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # throughput (serve too), output tokens only
     L2_TTFT_MS = "l2_ttft_ms"  # prefix: TTFT of a new engine whose prompt's prefix is in L2, mean over prefix_lens
     L1_TTFT_MS = "l1_ttft_ms"  # prefix: TTFT with the prefix in L1 (GPU prefix cache evicted), as l2_ttft_ms
     REQUESTS_PER_S = "requests_per_s"  # multiturn: requests of every round over the wall time, of the last
-    # setting in bench.compare_tiers; higher is better
+    # setting in bench.compare_tiers; serve: completed requests over the run's duration; higher is better
+    GOODPUT = "goodput"  # serve: requests/s that met every bench.slo_* set; higher is better
 
 
 LATENCY_OBJECTIVES = frozenset({BenchObjective.TTFT_MS, BenchObjective.TPOT_MS})
 # The objectives a sweeper maximises (xrt.bench.sweep_results.direction); every other one it minimises.
 THROUGHPUT_OBJECTIVES = frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S,
-                                   BenchObjective.REQUESTS_PER_S})
+                                   BenchObjective.REQUESTS_PER_S, BenchObjective.GOODPUT})
 # What each scenario measures (bench.objective must be one of its own, or auto).
 SCENARIO_OBJECTIVES = {
     BenchScenario.LATENCY: LATENCY_OBJECTIVES,
     BenchScenario.THROUGHPUT: frozenset({BenchObjective.TOKENS_PER_S, BenchObjective.OUTPUT_TOKENS_PER_S}),
     BenchScenario.PREFIX: frozenset({BenchObjective.L2_TTFT_MS, BenchObjective.L1_TTFT_MS}),
     BenchScenario.MULTITURN: frozenset({BenchObjective.REQUESTS_PER_S}),
+    BenchScenario.SERVE: LATENCY_OBJECTIVES | THROUGHPUT_OBJECTIVES,
 }
 AUTO_OBJECTIVES = {
     BenchScenario.LATENCY: BenchObjective.TPOT_MS,
     BenchScenario.THROUGHPUT: BenchObjective.TOKENS_PER_S,
     BenchScenario.PREFIX: BenchObjective.L2_TTFT_MS,
     BenchScenario.MULTITURN: BenchObjective.REQUESTS_PER_S,
+    BenchScenario.SERVE: BenchObjective.OUTPUT_TOKENS_PER_S,  # GOODPUT when a bench.slo_* is set (objective_metric)
 }
 
 
@@ -79,7 +84,8 @@ class BenchArgs:
         BenchScenario.LATENCY,
         help="latency: TTFT/TPOT per batch; throughput: offline; kernels: each kernel against its reference (CUDA); "
         "prefix: TTFT by where the prefix comes from (recomputed, GPU, L1, L2 after a restart); multiturn: "
-        "clients' conversations past the GPU KV, per cache.tiers setting",
+        "clients' conversations past the GPU KV, per cache.tiers setting; serve: requests over HTTP to a server "
+        "(TTFT, TPOT, ITL, E2EL, throughput, goodput, as `vllm bench serve`)",
     )
     batch: list[int] = field(
         factory=lambda: [1, 2, 3, 5, 7, 8, 13, 16, 31, 47, 100],
@@ -93,7 +99,9 @@ class BenchArgs:
         3, help="timed repetitions; the median is reported, with their min-max in results.md", validator=ge(1)
     )
     peer: BenchPeer = field(BenchPeer.NONE, help="hf: also run HF transformers with the same shape and weights")
-    num_requests: int = field(256, help="throughput scenario: requests submitted at once", validator=ge(1))
+    num_requests: int = field(
+        256, help="throughput scenario: requests submitted at once; serve scenario: requests sent", validator=ge(1)
+    )
     min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))
     max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
     kernels: list[KernelGroup] = field(
@@ -126,20 +134,69 @@ class BenchArgs:
         factory=lambda: [KVTiers.GPU, KVTiers.L1_L2],
         help="multiturn scenario: the cache.tiers settings run, each on a fresh engine; ratios are against the first",
     )
+    request_rate: list[float] = field(
+        factory=lambda: [0.0], help="serve scenario: request rates measured, one result line each, in requests per "
+        "second arriving as a gamma process of bench.burstiness (vLLM's --request-rate); 0: all at once (vLLM's "
+        "inf, which a schema field cannot hold: every number here is finite)", unit="1/s", validator=each(ge(0)),
+    )
+    burstiness: float = field(
+        1.0, help="serve scenario: the shape of the arrival intervals' gamma distribution: 1 is a Poisson process, "
+        "below 1 burstier, above 1 more uniform (vLLM's --burstiness)", validator=gt(0),
+    )
+    max_concurrency: int = field(
+        0, help="serve scenario: most requests in flight at once, the others wait in the client (vLLM's "
+        "--max-concurrency); 0: no limit", validator=ge(0),
+    )
+    range_ratio: float = field(
+        0.0, help="serve scenario: input and output lengths uniform in [len x (1 - r), len x (1 + r)] around "
+        "bench.input_len and bench.output_len (vLLM's --random-range-ratio); 0: every request the same",
+        validator=in_range(0, 1),
+    )
+    percentiles: list[float] = field(
+        factory=lambda: [99.0], help="serve scenario: percentiles reported for TTFT, TPOT, ITL and E2EL, beside "
+        "mean, median and standard deviation (vLLM's --metric-percentiles)",
+        validator=each(in_range(0, 100, lo_open=True)),
+    )
+    slo_ttft_ms: float = field(
+        0.0, help="serve scenario: goodput counts the requests whose TTFT is at most this (vLLM's --goodput "
+        "ttft:MS); 0: no bound", unit="ms", validator=ge(0),
+    )
+    slo_tpot_ms: float = field(
+        0.0, help="serve scenario: goodput's bound on a request's TPOT (vLLM's --goodput tpot:MS); 0: none",
+        unit="ms", validator=ge(0),
+    )
+    slo_e2e_ms: float = field(
+        0.0, help="serve scenario: goodput's bound on a request's end-to-end latency (vLLM's --goodput e2el:MS); "
+        "0: none", unit="ms", validator=ge(0),
+    )
+    url: str = field(
+        "", help="serve scenario: the server to measure, e.g. http://host:8000 (any OpenAI-compatible one that takes "
+        "token-id prompts: xrt serve, vLLM); serve.api_key is sent as its key; empty: start `xrt serve` of this "
+        "config in-process on a free port of 127.0.0.1",
+    )
     out_dir: str = field("bench/results/latest", help="where JSON lines, the table and the plot are written "
                          "(a sweep's go under hydra.sweep.dir, by default <out_dir>/<date>_<time>)")
     objective: BenchObjective = field(
         BenchObjective.AUTO,
         help="what a job returns to a sweeper (hydra/sweeper=optuna optimises it): ttft_ms, tpot_ms (latency: "
         "mean over bench.batch), tokens_per_s, output_tokens_per_s (throughput), l2_ttft_ms, l1_ttft_ms (prefix: "
-        "mean over bench.prefix_lens), requests_per_s (multiturn: the last of bench.compare_tiers); auto: "
-        "tpot_ms, tokens_per_s, l2_ttft_ms or requests_per_s",
+        "mean over bench.prefix_lens), requests_per_s (multiturn: the last of bench.compare_tiers), goodput "
+        "(serve; serve also measures ttft_ms, tpot_ms, tokens_per_s, output_tokens_per_s, requests_per_s); auto: "
+        "tpot_ms, tokens_per_s, l2_ttft_ms, requests_per_s, or for serve goodput with a bench.slo_* set, else "
+        "output_tokens_per_s",
     )
+
+    @property
+    def has_slo(self) -> bool:
+        """A goodput bound is set (xrt.bench.serve_metrics.slos_ms: which)."""
+        return any(bound > 0 for bound in (self.slo_ttft_ms, self.slo_tpot_ms, self.slo_e2e_ms))
 
     def objective_metric(self) -> BenchObjective | None:
         """The objective this scenario measures (auto resolved); None for the kernels scenario."""
         if self.objective is not BenchObjective.AUTO:
             return self.objective
+        if self.scenario is BenchScenario.SERVE and self.has_slo:
+            return BenchObjective.GOODPUT
         return AUTO_OBJECTIVES.get(self.scenario)
 
     def check(self) -> Problems:
@@ -148,12 +205,16 @@ class BenchArgs:
             problems.append(("min_len", f"must be <= max_len={self.max_len}, got {self.min_len}"))
         if not self.prefix_lens:
             problems.append(("prefix_lens", "must list at least one prefix length, got []"))
+        if not self.request_rate:
+            problems.append(("request_rate", "must list at least one rate (0: all at once), got []"))
         if not self.compare_tiers:
             problems.append(("compare_tiers", "must list at least one cache.tiers setting (gpu, l1, l1_l2), got []"))
         elif len(set(self.compare_tiers)) < len(self.compare_tiers):
             twice = sorted({t.value for t in self.compare_tiers if self.compare_tiers.count(t) > 1})
             problems.append(("compare_tiers", f"lists {', '.join(twice)} more than once, got "
                                               f"[{', '.join(t.value for t in self.compare_tiers)}]"))
+        if self.objective is BenchObjective.GOODPUT and not self.has_slo:
+            problems.append(("objective", "goodput needs a bound: set bench.slo_ttft_ms, slo_tpot_ms or slo_e2e_ms"))
         measured = SCENARIO_OBJECTIVES
         if self.objective is not BenchObjective.AUTO and self.objective not in measured.get(self.scenario, ()):
             fits = sorted(o.value for o in measured.get(self.scenario, ()))
