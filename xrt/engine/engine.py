@@ -11,8 +11,8 @@ device runs N+1 while the host does the bookkeeping of N (append, stop checks, f
 caller's work until the next `step()`. Step N+1 takes its input tokens from step N's in-graph argmax
 on the device; its positions, slots and pages depend only on lengths. A sequence that finishes at
 step N (end-of-sequence, stop string) has a wasted row in step N+1 whose token is dropped. Whenever
-the next step cannot be predicted (prefill work, sampling, pages running out) the engine reads
-back what is in flight and steps synchronously.
+the next step cannot be predicted (prefill work, sampling or logprobs: their logits must reach the
+host, pages running out) the engine reads back what is in flight and steps synchronously.
 
 Streaming (`step_stream`): a request queued with stream=True is detokenized as it grows and comes out of every
 step that gave it a token, as a `StreamOutput` (new token ids, new text); `abort(request_id)` ends a request
