@@ -94,6 +94,22 @@ def test_logprobs_match_the_logits_under_every_scheduling(
     assert engine.kv_cache_usage == 0.0
 
 
+def test_a_stop_string_cuts_the_text_not_the_tokens_nor_their_logprobs(fake_runner: Callable,
+                                                                        fake_cfg: Callable) -> None:
+    base = fake_runner()
+    tok = CharTokenizer()
+    p = prompts(5)[0]
+    text = tok.decode(base.reference_greedy(p, 20))
+    engine = LLMEngine(fake_cfg(), runner=base, tokenizer=tok)
+    (rid,) = queue_all(engine, [p], [SamplingArgs(max_tokens=20, ignore_eos=True, stop=[text[6:9]], logprobs=1)])
+    deltas = drain(engine)[rid]
+    out = deltas[-1].output
+    assert out.finish_reason == "stop" and out.text == text[:6]
+    assert len(out.token_ids) == 9  # through the token that completed the stop string, as usage counts them
+    check_against(lambda c: base.context_logits(c, base.vocab_size), out, 1, greedy=True)
+    assert [lp for d in deltas for lp in d.logprobs or []] == out.logprobs
+
+
 def test_overlapped_decode_resumes_once_no_request_asks(fake_runner: Callable, fake_cfg: Callable) -> None:
     """A request with logprobs steps synchronously (its logits must reach the host); the others of its batch are
     not hurt: the same tokens, and launches overlap again once it has finished."""
