@@ -41,7 +41,19 @@ def test_jsonl_prompts_file_and_jsonl_output(cfg: XrtConfig, tmp_path: Path,
     assert records[2]["prompt_token_ids"] == [5, 6, 7]
     assert all(len(r["token_ids"]) == 6 and r["finish_reason"] == "length" and r["error"] is None for r in records)
     assert all(isinstance(r["text"], str) and r["ttft_s"] is not None for r in records)
+    assert all("logprobs" not in r for r in records)  # not asked for: the lines stay small
     assert "3 requests" in capsys.readouterr().out
+
+
+def test_jsonl_output_has_logprobs_when_sampling_asks(cfg: XrtConfig, tmp_path: Path) -> None:
+    cfg.prompt, cfg.output = "Hello", str(tmp_path / "gen.jsonl")
+    cfg.sampling.logprobs = 2
+    assert main(cfg) == 0
+    (r,) = [json.loads(line) for line in Path(cfg.output).read_text().splitlines()]
+    assert [e["token_id"] for e in r["logprobs"]] == r["token_ids"]
+    for e in r["logprobs"]:
+        assert len(e["top"]) == 2 and e["top"][0][1] >= e["top"][1][1] and e["logprob"] <= 0
+        assert e["rank"] == 1 and e["top"][0] == [e["token_id"], e["logprob"]]  # greedy: the most likely
 
 
 def test_text_prompts_file_one_prompt_per_line(cfg: XrtConfig, tmp_path: Path,

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from shape_checks import check_generation, check_parity, config
+from shape_checks import check_generation, check_parity, config, prompts
 from tp_helpers import tp_workers, write_checkpoint
 
+from xrt.config import SamplingArgs
 from xrt.distributed.driver import TPRunner
 from xrt.engine.llm import LLM
 from xrt.executor.graphs.capture import RerunCapture
@@ -53,3 +54,25 @@ def test_odd_vocabulary_greedy_through_overlapped_graph_launches(odd_vocab: tupl
     assert launches and any(launches)  # launched steps, some reading the previous launch's tokens
 
 
+
+
+def test_logprobs_over_two_ranks_equal_one_rank(odd_vocab: tuple[str, TPRunner]) -> None:
+    """Rank 0 has the whole gathered vocabulary (padding cut): logprobs, ranks and top-k as one rank's, the padded
+    ids never among them; the requests without logprobs beside them get none."""
+    path, tp = odd_vocab
+    batch = prompts(6, seed=5, vocab=2051)
+    sampling = [SamplingArgs(max_tokens=5, ignore_eos=True, logprobs=5 if i % 2 else None) for i in range(6)]
+    with LLM(config(path, 1)) as one:
+        want = one.generate(batch, sampling)
+    got = LLM(config(path, 2), runner=tp).generate(batch, sampling)  # not closed: the module's ranks
+    for w, g, s in zip(want, got, sampling, strict=True):
+        assert g.token_ids == w.token_ids
+        if s.logprobs is None:
+            assert g.logprobs is None
+            continue
+        assert g.logprobs is not None and w.logprobs is not None and len(g.logprobs) == len(g.token_ids)
+        for a, b in zip(g.logprobs, w.logprobs, strict=True):
+            assert (a.token_id, a.rank) == (b.token_id, b.rank)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top] and all(t < 2051 for t, _ in a.top)
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], abs=1e-4)

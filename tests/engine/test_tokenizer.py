@@ -85,6 +85,17 @@ def test_multibyte_characters_are_held_back_until_complete(tokenizer: Tokenizer)
     assert pieces == ["", "", "", "🙂"]
 
 
+@pytest.mark.parametrize("text", CORPUS[:4] + ["a🙂b日c", "  leading spaces and\nnewlines\n\n"])
+def test_token_bytes_add_up_to_the_text_even_inside_a_character(tokenizer: Tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text)
+    assert b"".join(tokenizer.token_bytes(t) for t in ids) == text.encode()
+    for b in "🙂".encode():  # a token holding one byte of a character: its bytes, though its text is U+FFFD
+        token = byte_token(tokenizer, b)
+        assert tokenizer.token_bytes(token) == bytes([b]) and tokenizer.token_text(token) == "\ufffd"
+    end = tokenizer._tok.token_to_id("<|im_end|>")
+    assert tokenizer.token_text(end) == "<|im_end|>" and tokenizer.token_bytes(end) == b"<|im_end|>"
+
+
 def test_eos_ids_come_from_generation_config_then_config_then_the_eos_token(tmp_path: Path) -> None:
     a = write_checkpoint(tmp_path / "a", generation_config={"eos_token_id": [2, 0]}, config={"eos_token_id": 1})
     assert Tokenizer(str(a)).eos_token_ids == [2, 0]

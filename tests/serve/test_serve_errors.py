@@ -60,7 +60,8 @@ def check_error(r: httpx.Response, status: int, *words: str, param: str | None =
     ({"model": MODEL, "prompt": list(range(1, 1501))},
      ["prompt has 1500 tokens; model.max_model_len=1024", "at most 1023 prompt tokens"], "prompt"),
     ({"model": MODEL, "prompt": "hi", "n": 0}, ["n: Input should be greater than or equal to 1"], "n"),
-    ({"model": MODEL, "prompt": "hi", "logprobs": 2}, ["logprobs: not supported yet"], "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, ["logprobs: must be in [0, 20], got 21"], "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 1.5}, ["logprobs"], "logprobs"),
     ({"model": MODEL, "prompt": "hi", "stop": [1, 2]}, ["stop"], "stop"),
 ])
 def test_bad_completions_get_400_in_the_openai_shape(server: BackgroundServer, body: Any, words: list[str],
@@ -155,7 +156,7 @@ def test_an_engine_error_fails_its_requests_with_500_and_health_says_so(tiny_che
 
 
 KEYS = ["prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-        "ignore_eos", "logprobs", "model", "echo", "suffix", "presence_penalty"]
+        "ignore_eos", "logprobs", "top_logprobs", "model", "echo", "suffix", "presence_penalty"]
 
 
 def test_whatever_a_client_sends_gets_an_answer_and_leaves_nothing_held(server: BackgroundServer) -> None:

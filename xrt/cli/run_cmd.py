@@ -156,7 +156,9 @@ def open_output(path: str) -> Iterator[Sink]:
 
 
 def record(o: RequestOutput) -> dict[str, Any]:
-    return {
+    """One JSONL line; "logprobs" only when sampling.logprobs asked for them (a line per token stays small
+    otherwise): per generated token its id, logprob, rank and top [[id, logprob], ...], aligned with token_ids."""
+    out = {
         "request_id": o.request_id,
         "prompt": o.prompt,
         "prompt_token_ids": o.prompt_token_ids,
@@ -167,6 +169,10 @@ def record(o: RequestOutput) -> dict[str, Any]:
         "ttft_s": o.ttft_s,
         "token_times_s": o.token_times_s,
     }
+    if o.logprobs is not None:
+        out["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
+                            "top": [list(t) for t in lp.top]} for lp in o.logprobs]
+    return out
 
 
 def print_output(out: RequestOutput) -> None:

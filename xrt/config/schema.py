@@ -15,7 +15,7 @@ import attrs
 
 from xrt.config.bench import BenchArgs, ProfileArgs
 from xrt.config.cache import CacheArgs
-from xrt.config.limits import INT32_MAX
+from xrt.config.limits import INT32_MAX, MAX_LOGPROBS
 from xrt.config.problems import Problems
 from xrt.config.serve import ServeArgs
 from xrt.log import LEVELS
@@ -249,6 +249,12 @@ class SamplingArgs:
     )
     ignore_eos: bool = field(False, help="keep generating past the end-of-sequence token")
     stop: list[str] = field(factory=list, help="stop strings; output ends before the first match")
+    logprobs: int | None = field(
+        None,
+        help="null: none; k: each generated token's log-probability and rank plus the k most likely tokens "
+        f"(0..{MAX_LOGPROBS}), from the model's raw logits (float32 log-softmax before temperature, top-k, top-p)",
+        validator=in_range(0, MAX_LOGPROBS),
+    )
 
 
 @attrs.define

@@ -11,8 +11,8 @@ device runs N+1 while the host does the bookkeeping of N (append, stop checks, f
 caller's work until the next `step()`. Step N+1 takes its input tokens from step N's in-graph argmax
 on the device; its positions, slots and pages depend only on lengths. A sequence that finishes at
 step N (end-of-sequence, stop string) has a wasted row in step N+1 whose token is dropped. Whenever
-the next step cannot be predicted (prefill work, sampling, pages running out) the engine reads
-back what is in flight and steps synchronously.
+the next step cannot be predicted (prefill work, sampling or logprobs: their logits must reach the
+host, pages running out) the engine reads back what is in flight and steps synchronously.
 
 Streaming (`step_stream`): a request queued with stream=True is detokenized as it grows and comes out of every
 step that gave it a token, as a `StreamOutput` (new token ids, new text); `abort(request_id)` ends a request
@@ -31,6 +31,7 @@ import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
 from xrt.engine.errors import RequestError
+from xrt.engine.logprobs import TokenLogprob, token_logprobs
 from xrt.engine.outputs import RequestOutput, StreamOutput
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
@@ -219,9 +220,10 @@ class LLMEngine:
         text, done = seq.text, seq.num_streamed_chars
         end = len(text) if output is not None or not seq.sampling.stop else len(text) - stop_holdback(
             text[done:], seq.sampling.stop)
+        logprobs = seq.logprobs[seq.num_streamed_tokens:] if seq.sampling.logprobs is not None else None
         seq.num_streamed_tokens += len(tokens)
         seq.num_streamed_chars = max(end, done)
-        return StreamOutput(seq.request_id, tokens, text[done:end], output, seq.scheduled_at)
+        return StreamOutput(seq.request_id, tokens, text[done:end], output, seq.scheduled_at, logprobs)
 
     def _forward(self) -> None:
         """One step's forward pass and bookkeeping; finished requests wait in the scheduler to be taken."""
@@ -256,6 +258,7 @@ class LLMEngine:
             pending = self.runner.launch_decode(batch, None)
             self._prefetch_waiting()
             tokens = pending.tokens()
+            logprobs: list[TokenLogprob | None] = [None] * len(tokens)  # _launchable: no row asks for them
             self.scheduler.postprocess(scheduled)
         else:
             self._kv.step_started(step.is_prefill)
@@ -263,10 +266,10 @@ class LLMEngine:
             self._kv.step_launched(step.is_prefill, step.num_tokens)
             self._prefetch_waiting()  # while the device runs the step
             self.scheduler.postprocess(scheduled)
-            tokens = self._sample(logits, seqs) if seqs else []
+            tokens, logprobs = self._sample(logits, seqs) if seqs else ([], [])
         now = time.perf_counter()
-        for seq, token in zip(seqs, tokens, strict=True):
-            self._append(seq, token, now)
+        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+            self._append(seq, token, now, logprob)
         self._kv.step_read_back()  # e.g. a tier's stores of what this step computed
 
     def _prefetch_waiting(self) -> None:
@@ -280,12 +283,15 @@ class LLMEngine:
             if seq.status is SeqStatus.WAITING and not seq.page_table:
                 self._kv.prefetch(seq.token_ids)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Each row's token, and its logprob for the rows that ask (None for the others)."""
         generators = [s.generator(logits.device) if s.sampling.temperature > 0 else None for s in seqs]
-        return sample(logits, [s.sampling for s in seqs], generators, self.runner.last_argmax)
+        params = [s.sampling for s in seqs]
+        tokens = sample(logits, params, generators, self.runner.last_argmax)
+        return tokens, token_logprobs(logits, tokens, [p.logprobs for p in params])
 
     def _launchable(self, seqs: list[Sequence]) -> bool:
-        return len(seqs) <= self.runner.decode_capacity and all(s.sampling.temperature == 0 for s in seqs)
+        return len(seqs) <= self.runner.decode_capacity and not any(s.host_sampled for s in seqs)
 
     def _launch_overlapped(self) -> bool:
         """Launch the next decode step while the one in flight (if any) runs; False when it cannot be."""
@@ -304,9 +310,9 @@ class LLMEngine:
         self.scheduler.decode_resolved(launch.seqs, launch.positions, tokens, now, self._append)
         self._kv.step_read_back()
 
-    def _append(self, seq: Sequence, token: int, now: float) -> None:
+    def _append(self, seq: Sequence, token: int, now: float, logprob: TokenLogprob | None = None) -> None:
         self.num_generated_tokens += 1
-        delta = seq.append_token(token, now)
+        delta = seq.append_token(token, now, logprob)
         if seq.stream:
             self._touched[seq] = None
         reason = finish_reason(seq, delta, self.eos_token_ids, self.max_model_len)

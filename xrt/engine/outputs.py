@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from xrt.engine.logprobs import TokenLogprob
 from xrt.engine.sequence import Sequence
 
 
@@ -24,7 +25,9 @@ class RequestOutput:
     ttft_s: seconds from add_request to the first generated token (None if none was generated).
     token_times_s: for each generated token, seconds from add_request until it was sampled.
     num_cached_tokens: prompt tokens whose KV was not computed for this request; cached_tokens: the same by
-    the tier it came from, {"gpu": n} or with KV tiers {"gpu": n, "l1": n, "l2": n}."""
+    the tier it came from, {"gpu": n} or with KV tiers {"gpu": n, "l1": n, "l2": n}.
+    logprobs: with sampling.logprobs set, one TokenLogprob per token of token_ids (a stop string cuts the text, never
+    the tokens: the token that completed it keeps its logprob); None when the request did not ask."""
 
     request_id: int
     prompt_token_ids: list[int]
@@ -38,6 +41,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     cached_tokens: dict[str, int] = field(default_factory=dict)
     num_preemptions: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
     @classmethod
     def from_sequence(cls, seq: Sequence) -> RequestOutput:
@@ -54,6 +58,7 @@ class RequestOutput:
             num_cached_tokens=seq.num_cached_tokens,
             cached_tokens=dict(seq.cached_tokens),
             num_preemptions=seq.num_preemptions,
+            logprobs=list(seq.logprobs) if seq.sampling.logprobs is not None else None,
         )
 
 
@@ -64,13 +69,15 @@ class StreamOutput:
     token; the text holds back what could still be the start of a stop string, or an incomplete UTF-8 character,
     so the concatenated texts are exactly the final text. A request not streamed gets one, when it finishes, with
     all of its tokens and text. `output` (the whole RequestOutput) is set on the last one, and only there.
-    scheduled_at: perf_counter time the request was first scheduled (None while it waits)."""
+    scheduled_at: perf_counter time the request was first scheduled (None while it waits).
+    logprobs: aligned with token_ids when the request asks for them (sampling.logprobs), else None."""
 
     request_id: int
     token_ids: list[int]
     text: str
     output: RequestOutput | None = None
     scheduled_at: float | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:

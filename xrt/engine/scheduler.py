@@ -177,9 +177,9 @@ class Scheduler:
         """The sequences of a decode step that can be launched before the tokens in flight are known,
         with their pages: every running sequence that will not have reached its length limit, in
         running order. None when the next step must be scheduled synchronously: prefill work could
-        run first, a sequence samples (its token needs the host), more than max_batch sequences run,
-        or pages would run out (the synchronous path preempts). An empty list: nothing to launch,
-        every sequence is finishing."""
+        run first, a sequence samples or asks for logprobs (its token needs the logits on the host), more
+        than max_batch sequences run, or pages would run out (the synchronous path preempts). An empty
+        list: nothing to launch, every sequence is finishing."""
         kv = self.kv
         self._poll_reads(idle=False)
         if len(self.running) > max_batch:
@@ -193,7 +193,7 @@ class Scheduler:
         ps, max_len = kv.page_size, self.max_model_len
         for seq in self.running:
             sampling = seq.sampling
-            if seq.in_prefill or sampling.temperature > 0:
+            if seq.in_prefill or seq.host_sampled:
                 return None
             length = len(seq.token_ids) + seq.num_pending_tokens
             if length - len(seq.prompt_token_ids) >= sampling.max_tokens or length >= max_len:

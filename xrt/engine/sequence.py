@@ -10,6 +10,7 @@ import torch
 
 from xrt.config import SamplingArgs
 from xrt.engine.detokenizer import IncrementalDetokenizer
+from xrt.engine.logprobs import TokenLogprob
 
 
 class SeqStatus(enum.Enum):
@@ -36,6 +37,8 @@ class Sequence:
     stream: its text is decoded as it grows and handed out after every step (`LLMEngine.step_stream`);
         num_streamed_tokens / num_streamed_chars: how much of its output and text has been handed out.
     scheduled_at: perf_counter time it was first scheduled (a server's queue-time metric); None while it waits.
+    logprobs: with sampling.logprobs set, one TokenLogprob per output token, aligned with output_token_ids (such a
+        sequence never decodes overlapped: `host_sampled`); kept across preemption, which recomputes KV, not tokens.
     """
 
     request_id: int
@@ -65,6 +68,7 @@ class Sequence:
     error: str | None = None
     text: str = ""
     token_times_s: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     _generator: torch.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,16 +94,25 @@ class Sequence:
     def ttft_s(self) -> float | None:
         return self.token_times_s[0] if self.token_times_s else None
 
+    @property
+    def host_sampled(self) -> bool:
+        """Its next token needs the step's logits on the host (it samples, or asks for logprobs): its decode steps
+        run through `Runner.execute`, never as a greedy launch whose logits stay on the device."""
+        return self.sampling.temperature > 0 or self.sampling.logprobs is not None
+
     def generator(self, device: torch.device) -> torch.Generator:
         if self._generator is None or self._generator.device != device:
             self._generator = torch.Generator(device=device)
             self._generator.manual_seed(self.seed)
         return self._generator
 
-    def append_token(self, token_id: int, now: float) -> str:
-        """Adds a sampled token; returns the text it completes (may be empty). Text is decoded as it
-        grows only when stop strings or streaming need it; otherwise once, by finish_text()."""
+    def append_token(self, token_id: int, now: float, logprob: TokenLogprob | None = None) -> str:
+        """Adds a sampled token (and its logprob, when the request asks for them); returns the text it completes
+        (may be empty). Text is decoded as it grows only when stop strings or streaming need it; otherwise once, by
+        finish_text()."""
         self.token_ids.append(token_id)
+        if logprob is not None:
+            self.logprobs.append(logprob)
         self.token_times_s.append(now - self.arrival_s)
         if self.detokenizer is None or not (self.sampling.stop or self.stream):
             return ""

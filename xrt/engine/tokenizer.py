@@ -40,6 +40,17 @@ def _as_ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable bytes stand for themselves, the others (controls, space,
+    0x7f-0xa0, 0xad) for the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(rest)}}
+
+
+_BYTE_OF_CHAR = _byte_level_chars()
+
+
 def _token_text(value: Any) -> str:
     # tokenizer_config.json stores special tokens as strings or as {"content": ...} objects.
     if isinstance(value, dict):
@@ -67,6 +78,7 @@ class Tokenizer:
             eos_id = self._tok.token_to_id(eos_text) if eos_text else None
             eos = [eos_id] if eos_id is not None else []
         self.eos_token_ids: list[int] = eos
+        self._added = set(self._tok.get_added_tokens_decoder())
 
     @property
     def vocab_size(self) -> int:
@@ -77,6 +89,23 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token decoded alone, special tokens included (what a logprobs answer names it by); U+FFFD for a
+        token that is part of a multi-byte character."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: with a byte-level decoder (GPT-2, Qwen) its vocabulary string mapped back
+        to bytes, so a token holding part of a multi-byte character has its own bytes, which token_text cannot show;
+        otherwise, and for added tokens, token_text's UTF-8."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None or type(self._tok.decoder).__name__ != "ByteLevel" or token_id in self._added:
+            return self.token_text(token_id).encode()
+        try:
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        except KeyError:  # not a byte-level piece after all
+            return self.token_text(token_id).encode()
 
     def detokenizer(self, num_prompt_tokens: int) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.decode, num_prompt_tokens)

@@ -134,7 +134,7 @@ async def _generate(state: ServerState, request: Request, model: type[BaseModel]
                        "model", "model_not_found")
     prepared = prepare(body, state.engine, state.sampling)
     job = state.loop.submit(prepared.requests)
-    shapes = Shapes(chat, state.model_name, prepared.include_usage)
+    shapes = Shapes(chat, state.model_name, prepared.include_usage, state.engine.tokenizer)
     if prepared.stream:
         return EventStream(_events(job, shapes, prepared), lambda: state.loop.abort(job))
     collect = asyncio.ensure_future(_collect(job))
@@ -206,8 +206,9 @@ async def _collect(job: Job) -> list[RequestOutput]:
 
 
 async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator[str]:
-    """The SSE events of a streamed request: each choice's text as it comes (a chat choice opens with its role),
-    its finish reason on its last chunk, usage last when asked for (`stream_options.include_usage`), `[DONE]`."""
+    """The SSE events of a streamed request: each choice's text as it comes (a chat choice opens with its role), with
+    the logprobs of its tokens when it asked, its finish reason on its last chunk, usage last when asked for
+    (`stream_options.include_usage`), `[DONE]`."""
     outputs: list[RequestOutput | None] = [None] * len(job.choices)
     opened: set[int] = set()
     left = len(job.choices)
@@ -223,13 +224,13 @@ async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator
             # A chunk for every step's tokens, even when their text is held back (an incomplete UTF-8 sequence, a
             # possible stop string) or there is none (a checkpoint without a tokenizer): clients time tokens by
             # chunks, and a long silence would read as one late token.
-            if item.token_ids:
-                yield shapes.chunk(index, item.text)
+            if item.token_ids or item.logprobs:
+                yield shapes.chunk(index, item.text, logprobs=item.logprobs)
             continue
         left -= 1
         outputs[index] = item.output
-        yield shapes.chunk(index, item.text or (None if shapes.chat else ""),
-                           openai_finish_reason(item.output.finish_reason))
+        text = item.text or (None if shapes.chat and not item.logprobs else "")
+        yield shapes.chunk(index, text, openai_finish_reason(item.output.finish_reason), logprobs=item.logprobs)
     if shapes.include_usage:
         yield shapes.usage_chunk([o for o in outputs if o is not None], prepared.n)
     yield DONE

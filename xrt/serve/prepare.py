@@ -38,10 +38,8 @@ def prepare_completion(body: CompletionRequest, engine: LLMEngine, defaults: Sam
         raise APIError(400, "suffix: not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of: not supported (only best_of = n)", "best_of")
-    if body.logprobs is not None:
-        raise APIError(400, "logprobs: not supported yet", "logprobs")
     prompts = _prompt_list(body.prompt)
-    sampling = _sampling(body, body.max_tokens, "max_tokens", defaults)
+    sampling = _sampling(body, defaults, (body.max_tokens, "max_tokens"), (body.logprobs, "logprobs"))
     checked = [_check(engine, p, sampling, True, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
                for i, p in enumerate(prompts)]
     return _prepared(body, checked)
@@ -49,15 +47,16 @@ def prepare_completion(body: CompletionRequest, engine: LLMEngine, defaults: Sam
 
 def prepare_chat(body: ChatCompletionRequest, engine: LLMEngine, defaults: SamplingArgs) -> Prepared:
     unsupported(body)
-    if body.logprobs or body.top_logprobs:
-        raise APIError(400, "logprobs: not supported yet", "logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
     if body.tools:
         raise APIError(400, "tools: not supported", "tools")
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise APIError(400, "max_tokens: give max_completion_tokens or max_tokens, not both", "max_tokens")
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    sampling = _sampling(body, limit, name, defaults)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    sampling = _sampling(body, defaults, (limit, name), (top, "top_logprobs"))
     if engine.tokenizer is None:
         raise APIError(400, "messages: chat needs the checkpoint's tokenizer.json and chat template", "messages")
     messages = [_message(i, m.model_dump(exclude_none=True)) for i, m in enumerate(body.messages)]
@@ -103,17 +102,21 @@ def _prompt_list(prompt: object) -> list[Any]:
     return list(prompt)
 
 
-def _sampling(body: SamplingFields, max_tokens: int | None, max_name: str, defaults: SamplingArgs) -> SamplingArgs:
-    """The request's sampling over the server's defaults (`sampling.*`); None leaves a default alone."""
+def _sampling(body: SamplingFields, defaults: SamplingArgs, max_tokens: tuple[int | None, str],
+              logprobs: tuple[int | None, str]) -> SamplingArgs:
+    """The request's sampling over the server's defaults (`sampling.*`); None leaves a default alone, but for
+    logprobs: a request that asks for none gets none, whatever `sampling.logprobs` says. max_tokens, logprobs: the
+    value and the body's name for it (a problem names the field the client sent)."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    given = {"temperature": body.temperature, "top_p": body.top_p, "max_tokens": max_tokens, "seed": body.seed,
+    given = {"temperature": body.temperature, "top_p": body.top_p, "max_tokens": max_tokens[0], "seed": body.seed,
              "stop": stop, "ignore_eos": body.ignore_eos,
              "top_k": 0 if body.top_k == -1 else body.top_k}  # -1: vLLM's "all", 0 here
     try:
-        return validate_sampling({k: v for k, v in given.items() if v is not None}, defaults)
+        return validate_sampling({**{k: v for k, v in given.items() if v is not None}, "logprobs": logprobs[0]},
+                                 defaults)
     except RequestError as e:
         name = e.field.removeprefix("sampling.").split("[")[0]
-        name = max_name if name == "max_tokens" else name
+        name = {"max_tokens": max_tokens[1], "logprobs": logprobs[1]}.get(name, name)
         raise APIError(400, f"{name}: {e.message}", name) from None
 
 

@@ -1,5 +1,6 @@
 """The OpenAI response shapes: a whole completion / chat completion, the chunks of a streamed one, and usage. One
-`Shapes` per HTTP request holds what every chunk repeats (id, created, model) and whether it is chat."""
+`Shapes` per HTTP request holds what every chunk repeats (id, created, model), whether it is chat, and the
+logprobs' shapes (xrt/serve/logprobs.py: a choice's logprobs, whole or a chunk's tokens' share)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from xrt.engine.logprobs import TokenLogprob
 from xrt.engine.outputs import RequestOutput
+from xrt.engine.tokenizer import Tokenizer
+from xrt.serve.logprobs import LogprobShapes
 from xrt.serve.metrics import openai_finish_reason
 
 
@@ -28,11 +32,21 @@ class Shapes:
     chat: bool
     model: str
     include_usage: bool = False
+    tokenizer: Tokenizer | None = None  # names the tokens of logprobs
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    logprob_shapes: LogprobShapes = field(init=False)
 
     def __post_init__(self) -> None:
         self.id = self.id or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.logprob_shapes = LogprobShapes(self.tokenizer)
+
+    def _logprobs(self, index: int, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """A choice's logprobs (of the tokens given: a chunk's, or all of them); None when it asked for none."""
+        if logprobs is None:
+            return None
+        shapes = self.logprob_shapes
+        return shapes.chat(logprobs) if self.chat else shapes.completion(logprobs, index)
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -41,27 +55,31 @@ class Shapes:
         choices = []
         for i, o in enumerate(outputs):
             reason = openai_finish_reason(o.finish_reason)
+            logprobs = self._logprobs(i, o.logprobs)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
-                                "finish_reason": reason})
+                choices.append({"index": i, "message": {"role": "assistant", "content": o.text},
+                                "logprobs": logprobs, "finish_reason": reason})
             else:
-                choices.append({"index": i, "text": o.text, "logprobs": None, "finish_reason": reason})
+                choices.append({"index": i, "text": o.text, "logprobs": logprobs, "finish_reason": reason})
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": choices, "usage": usage(outputs, n)}
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None = None, role: bool = False) -> str:
+    def chunk(self, index: int, text: str | None, finish_reason: str | None = None, role: bool = False,
+              logprobs: list[TokenLogprob] | None = None) -> str:
         """One SSE event of one choice: text (None: no content key, the final chunk of a chat choice); role: the
-        first chunk of a chat choice, which names the assistant role."""
+        first chunk of a chat choice, which names the assistant role; logprobs: those of the tokens this chunk
+        carries (a choice that asked for them has them on every chunk with tokens, its text held back or not)."""
+        shaped = self._logprobs(index, logprobs)
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": shaped,
                                       "finish_reason": finish_reason}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
             body = {**self._head("text_completion"),
-                    "choices": [{"index": index, "text": text or "", "logprobs": None,
+                    "choices": [{"index": index, "text": text or "", "logprobs": shaped,
                                  "finish_reason": finish_reason}]}
         if self.include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
