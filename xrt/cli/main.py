@@ -73,6 +73,7 @@ class Invocation:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    _tolerant_output()
     try:
         return _main(args)
     except ConfigError as e:
@@ -96,6 +97,18 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _tolerant_output() -> None:
+    """A character the terminal's encoding lacks (PYTHONIOENCODING=ascii, a latin-1 locale) is printed escaped
+    (\\u00e9), as Python's stderr does, rather than failing the run with UnicodeEncodeError mid-output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: nothing to print to anyway
+                pass
 
 
 def _main(args: list[str]) -> int:
