@@ -108,7 +108,23 @@ def _is_job_dir(path: str) -> bool:
     return os.path.isdir(os.path.join(path, ".hydra")) or os.path.isfile(os.path.join(path, "results.jsonl"))
 
 
-CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": output_problems, "bench": out_dir_problems}
+def prompts_file_problems(cfg: XrtConfig) -> list[Problem]:
+    """`run`'s `prompts_file`, when set: a file that exists (its lines are checked by xrt.cli.run_prompts)."""
+    path = input_path(cfg.prompts_file)
+    if not path or "\0" in path:
+        return [] if not path else [("prompts_file", f"must not contain a NUL character, got {path!r}")]
+    if os.path.isdir(path):
+        return [("prompts_file", f"{path!r} is a directory; expected a JSONL or text file")]
+    if not os.path.isfile(path):
+        return [("prompts_file", f"no such file {path!r}")]
+    return []
+
+
+def run_problems(cfg: XrtConfig) -> list[Problem]:
+    return prompts_file_problems(cfg) + output_problems(cfg)
+
+
+CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": run_problems, "bench": out_dir_problems}
 
 
 def separate_outputs(cfgs: list[XrtConfig]) -> list[XrtConfig]:
@@ -158,6 +174,6 @@ def _same_file(a: str, b: str) -> bool:
 
 
 __all__ = [
-    "CHECKS", "input_path", "numbered", "out_dir_problems", "output_problems", "separate_outputs", "sweep_dir_problems",
-    "sweep_problems",
+    "CHECKS", "input_path", "numbered", "out_dir_problems", "output_problems", "prompts_file_problems", "run_problems",
+    "separate_outputs", "sweep_dir_problems", "sweep_problems",
 ]

@@ -22,6 +22,18 @@ def config_tokenizer(cfg: XrtConfig) -> tuple[Tokenizer | None, str | None]:
     return checkpoint_tokenizer(checkpoint_dir, cfg.chat), checkpoint_dir
 
 
+def checkpoint_problems(cfg: XrtConfig) -> list[tuple[str, str]]:
+    """Why the checkpoint cfg names cannot be resolved (no model.path for a model that needs one, a cache
+    directory the tiny checkpoint cannot be made in), found before anything is made or loaded."""
+    from xrt.models.checkpoint import checkpoint_problem
+
+    line = checkpoint_problem(cfg.model)
+    if line is None:
+        return []
+    field, sep, message = line.partition(": ")
+    return [(field, message)] if sep and field == "model.path" else [("", line)]
+
+
 def precheck_prompts(
     prompts: list[object], cfg: XrtConfig, tokenizer: Tokenizer | None, checkpoint_dir: str | None, *,
     add_special_tokens: bool = True,
@@ -46,4 +58,4 @@ def precheck_prompts(
     return found
 
 
-__all__ = ["config_tokenizer", "precheck_prompts"]
+__all__ = ["checkpoint_problems", "config_tokenizer", "precheck_prompts"]
