@@ -5,7 +5,8 @@ The bar's rate is the average since the start (tqdm's `smoothing=0`), not a movi
 bursts and one tensor (the embedding) can outweigh a hundred others, so a moving average swings the estimate.
 Before MIN_ETA_S have passed it shows no estimate at all. Log lines come once the run has lasted LOG_AFTER_S,
 at each quarter done or every LOG_EVERY_S, whichever is first, and one line at the end (`final`), so a run
-shorter than a second logs just that one line."""
+shorter than a second logs just that one line. `poll()` shows what moves between units (a generating run's
+tokens, in the postfix): a unit can take a minute, and a bar or log that waits for it looks hung."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from xrt.log import get_logger
 
 MIN_ETA_S = 1.0
 LOG_AFTER_S = 1.0
-LOG_EVERY_S = 10.0
+LOG_EVERY_S = 5.0
+# The bar redrawn by poll() at most this often (a step can take a millisecond).
+REDRAW_S = 0.2
 
 _BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 _BAR_NO_ETA = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
@@ -86,6 +89,13 @@ class Progress:
     def line(self) -> str:
         return f"{self.desc}: {self.n}/{self.total} {self.unit}s{self._extra()}"
 
+    def _log_due(self, now: float, quarter: int) -> bool:
+        return now - self.start >= LOG_AFTER_S and (quarter > self.quarter or now - self.last_line >= LOG_EVERY_S)
+
+    def _log(self, now: float, quarter: int) -> None:
+        self.quarter, self.last_line = quarter, now
+        self.log.info(f"{self.line()}, {now - self.start:.0f} s")
+
     def update(self, n: int = 1, nbytes: int = 0) -> None:
         self.n += n
         self.nbytes += nbytes
@@ -96,9 +106,21 @@ class Progress:
         elif self.show and self.n < self.total:
             now = self.clock()
             quarter = 4 * self.n // self.total if self.total else 0
-            if now - self.start >= LOG_AFTER_S and (quarter > self.quarter or now - self.last_line >= LOG_EVERY_S):
-                self.quarter, self.last_line = quarter, now
-                self.log.info(self.line())
+            if self._log_due(now, quarter):
+                self._log(now, quarter)
+
+    def poll(self) -> None:
+        """Nothing finished, but the postfix may have moved: the bar redrawn (at most every REDRAW_S, elapsed time
+        included), or a log line when one is due."""
+        if not self.show or self.n >= self.total:
+            return
+        now = self.clock()
+        if self.bar is not None:
+            if now - self.last_line >= REDRAW_S:
+                self.last_line = now
+                self.bar.refresh()
+        elif self._log_due(now, self.quarter):
+            self._log(now, self.quarter)
 
     def set_postfix(self, text: str) -> None:
         """A note after the counts (`tok_s=812.3`), on the bar and in the next log line."""

@@ -65,19 +65,47 @@ def test_output_through_a_symlink_to_the_prompts_is_refused(in_tmp: Path) -> Non
     assert (in_tmp / "p.txt").read_text() == "first prompt\nsecond prompt\n"
 
 
+def test_an_existing_output_is_refused_unless_output_overwrite(in_tmp: Path) -> None:
+    (in_tmp / "o.jsonl").write_text('{"kept": true}\n')
+    rc, out, err = cli("run", "prompts_file=p.txt", "output=o.jsonl", "sampling.max_tokens=2")
+    assert rc == 2 and out == ""
+    assert err == "error: output: 'o.jsonl' exists; choose another path, or set output_overwrite=true to replace it\n"
+    assert (in_tmp / "o.jsonl").read_text() == '{"kept": true}\n'
+    rc, _, err = cli("run", "prompts_file=p.txt", "output=o.jsonl", "output_overwrite=true", "sampling.max_tokens=2")
+    assert rc == 0, err
+    assert [r["prompt"] for r in sorted(records(in_tmp / "o.jsonl"), key=lambda r: r["request_id"])] == [
+        "first prompt", "second prompt"]
+
+
 def test_a_run_that_stops_early_leaves_an_earlier_output_alone(in_tmp: Path) -> None:
     (in_tmp / "o.jsonl").write_text('{"kept": true}\n')
-    rc, _, err = cli("run", "prompts_file=missing.txt", "output=o.jsonl")
+    rc, _, err = cli("run", "prompts_file=missing.txt", "output=o.jsonl", "output_overwrite=true")
     assert rc == 2 and "prompts_file: no such file" in err
     assert (in_tmp / "o.jsonl").read_text() == '{"kept": true}\n'
 
 
-def test_every_result_is_one_jsonl_line(in_tmp: Path) -> None:
-    rc, out, err = cli("run", "prompts_file=p.txt", "output=o.jsonl", "sampling.max_tokens=2")
+def test_output_is_tried_for_real_and_tilde_is_expanded(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # os.access says /proc is writable for root; creating a file there fails.
+    rc, out, err = cli("run", "output=/proc/xrt-out.jsonl")
+    assert rc == 2 and out == "" and err.startswith("error: output: cannot write '/proc/xrt-out.jsonl' (")
+    monkeypatch.setenv("HOME", str(in_tmp / "a_dir"))
+    rc, _, err = cli("run", "prompts_file=~/../p.txt", "output=~/o.jsonl", "sampling.max_tokens=2")
     assert rc == 0, err
-    got = records(in_tmp / "o.jsonl")
-    assert sorted((r["request_id"], r["prompt"]) for r in got) == [(0, "first prompt"), (1, "second prompt")]
-    assert all(len(r["token_ids"]) == 2 for r in got) and out.splitlines()[-1] == "wrote 2 results to o.jsonl"
+    assert len(records(in_tmp / "a_dir" / "o.jsonl")) == 2 and not (in_tmp / "~").exists()
+
+
+def test_every_result_is_one_jsonl_line(in_tmp: Path) -> None:
+    # One request at a time: the repeated prompt finds the first one's pages in the prefix cache.
+    (in_tmp / "r.txt").write_text("the same prompt, long enough to fill two pages of sixteen tokens each\n" * 2)
+    rc, out, err = cli("run", "prompts_file=r.txt", "output=o.jsonl", "sampling.max_tokens=2",
+                       "scheduler.max_num_seqs=1")
+    assert rc == 0, err
+    got = sorted(records(in_tmp / "o.jsonl"), key=lambda r: r["request_id"])
+    assert [r["request_id"] for r in got] == [0, 1]
+    assert all(len(r["token_ids"]) == 2 and r["num_preemptions"] == 0 for r in got)
+    assert got[0]["num_cached_tokens"] == 0 and got[1]["num_cached_tokens"] >= 16
+    assert got[1]["cached_tokens"] == {"gpu": got[1]["num_cached_tokens"]}
+    assert out.splitlines()[-1] == "wrote 2 results to o.jsonl"
 
 
 def test_ctrl_c_keeps_the_results_that_finished(in_tmp: Path) -> None:
@@ -94,11 +122,16 @@ def test_ctrl_c_keeps_the_results_that_finished(in_tmp: Path) -> None:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     kept = records(out_file)  # every line is whole JSON
     assert 2 <= len(kept) < 300 and len({r["request_id"] for r in kept}) == len(kept)
     assert f"interrupted: {len(kept)} of 300 requests finished; their results are in o.jsonl" in err
+    # The terminal kept them too: each printed as it finished, naming its request (the signal may land between
+    # the file's line and the terminal's).
+    printed = [int(line[1:line.index("]")]) for line in out.splitlines() if line.startswith("[")]
+    assert set(printed) <= {r["request_id"] for r in kept} and len(printed) >= len(kept) - 1
+    assert all(f"'prompt number {i}' -> " in out for i in printed)
 
 
 def test_a_sweep_writes_one_output_per_job(in_tmp: Path) -> None:
@@ -155,3 +188,11 @@ def test_a_bench_sweep_over_out_dir_is_refused_for_hydra_sweep_dir(in_tmp: Path)
     assert err.startswith("error: bench.out_dir: a sweep writes its jobs' results under hydra.sweep.dir "
                           "(bench/results/latest/")
     assert "run one sweep per directory, with hydra.sweep.dir=DIR" in err and not (in_tmp / "a").exists()
+
+
+def test_a_terminal_without_utf8_gets_escapes_not_a_traceback(in_tmp: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "ascii"}
+    r = subprocess.run([sys.executable, "-m", "xrt", "run", "caf\u00e9 \u2615", "sampling.max_tokens=2"], cwd=in_tmp,
+                       env=env, capture_output=True, text=True, encoding="utf-8", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[0] 'caf\\xe9 \\u2615' -> " in r.stdout and "Traceback" not in r.stderr

@@ -1,7 +1,9 @@
-"""`xrt run`: prompts in (prompt, prompts_file as JSONL or text, chat), generations and summary out."""
+"""`xrt run`: prompts in (prompt, prompts_file as JSONL or text, chat), generations (whole, or streamed with
+`stream=true`) and summary out."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from xrt.cli.run_cmd import main
-from xrt.config import CacheArgs, SamplingArgs, XrtConfig
+from xrt.cli.run_output import StreamPrinter
+from xrt.config import CacheArgs, LoadFormat, SamplingArgs, XrtConfig
+from xrt.engine.outputs import RequestOutput, StreamOutput
 
 
 @pytest.fixture
@@ -115,3 +119,106 @@ def test_python_m_xrt_run_end_to_end(xrt_cache_dir: str, capsys: pytest.CaptureF
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[0] 'Hello there' -> " in out and "(5 tokens, length)" in out and "tokens/s" in out
+
+
+def test_stream_prints_each_generation_as_its_tokens_arrive(cfg: XrtConfig, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first prompt\nsecond prompt\nthird one\n")
+    cfg.prompts_file, cfg.output, cfg.stream = str(prompts), str(tmp_path / "o.jsonl"), True
+    assert main(cfg) == 0
+    out = capsys.readouterr().out
+    texts = {r["request_id"]: r["text"] for r in map(json.loads, Path(cfg.output).read_text().splitlines())}
+    # In prompt order, each generation whole (its streamed pieces joined are the final text)
+    expected = "".join(f"[{i}] {p!r} -> {texts[i]}\n  (6 tokens, length)\n"
+                       for i, p in enumerate(["first prompt", "second prompt", "third one"]))
+    assert out.startswith(expected) and out[len(expected):].startswith("startup ")
+
+
+def _delta(rid: int, text: str, done: bool = False) -> StreamOutput:
+    output = RequestOutput(rid, [1], [2, 3], "all of it", "length", None, 0.1, prompt="ab"[rid]) if done else None
+    return StreamOutput(rid, [2], text, output)
+
+
+def test_the_stream_printer_streams_the_first_unfinished_request_and_holds_the_rest() -> None:
+    out = io.StringIO()
+    p = StreamPrinter([0, 1, 2], ["a", "b", [7, 8]], out)
+    p.delta(_delta(1, "B1"))
+    assert out.getvalue() == ""  # request 0 has not started: 1 waits its turn
+    p.delta(_delta(0, "A1"))
+    assert out.getvalue() == "[0] 'a' -> A1"  # shown as it arrives, before request 0 finishes
+    p.delta(_delta(1, "B2", done=True))
+    p.delta(_delta(0, "A2", done=True))
+    assert out.getvalue() == "[0] 'a' -> A1A2\n  (2 tokens, length)\n[1] 'b' -> B1B2\n  (2 tokens, length)\n"
+    p.delta(_delta(2, "C1"))
+    p.flush()  # Ctrl-C: the streamed line ends
+    assert out.getvalue().endswith("[2] [7, 8] -> C1\n")
+
+
+def test_an_interrupted_stream_prints_the_finished_requests_it_held() -> None:
+    out = io.StringIO()
+    p = StreamPrinter([0, 1], ["a", "b"], out)
+    p.delta(_delta(1, "B", done=True))
+    assert out.getvalue() == ""
+    p.flush()
+    assert out.getvalue() == "[1] 'b' -> 'all of it'  (2 tokens, length)\n"
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the LLM fails the test: what is asserted is found before any model loads."""
+    import xrt.engine.llm
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(xrt.engine.llm.LLM, "__init__", refuse)
+
+
+def test_every_bad_line_is_reported_before_the_model_loads(cfg: XrtConfig, tmp_path: Path, no_model: None,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "ok"}\n{"prompt": ""}\n{"prompt": \n{"prompt_token_ids": [1, 99999]}\n'
+                        b'{"prompt": "' + b"word " * 1100 + b'"}\n{"prompt": "caf\xe9"}\n{"prompt": "fine"}\n')
+    cfg.prompts_file = str(prompts)
+    assert main(cfg) == 2
+    err = capsys.readouterr().err.splitlines()
+    where = f"error: prompts_file: {prompts} line"
+    assert [line[len(where):].split(":")[0] for line in err] == [" 2", " 3", " 4", " 5", " 6"]
+    assert err[0].endswith(": prompt is empty") and "not valid JSON" in err[1]
+    assert "token ids must be integers in [0, 2048), got 99999 at position 1" in err[2]
+    assert "model.max_model_len=1024 leaves no room" in err[3]
+    assert err[4].endswith("not UTF-8 text (byte 0xe9 at character 15)")
+
+
+def test_text_needs_a_tokenizer_and_the_message_says_which_file_and_how_to_pass_ids(
+        cfg: XrtConfig, tmp_path: Path, tiny_checkpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    ckpt = tmp_path / "no_tokenizer"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    (ckpt / "tokenizer.json").unlink()
+    cfg.model.path, cfg.prompt = str(ckpt), "Hi"
+    assert main(cfg) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"error: prompt: text prompts need {ckpt / 'tokenizer.json'}, which is missing; pass "
+                          'token ids instead ({"prompt_token_ids": [1, 2, 3]} lines in a prompts_file')
+    cfg.model.path, cfg.model.load_format = "", LoadFormat.DUMMY
+    assert main(cfg) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert "model.load_format=dummy (random weights) has none; pass token ids instead" in err
+
+
+def test_a_directory_as_prompts_file_says_so(cfg: XrtConfig, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg.prompts_file = str(tmp_path)
+    assert main(cfg) == 2
+    assert capsys.readouterr().err == f"error: prompts_file: {str(tmp_path)!r} is a directory; expected a JSONL or " \
+                                      "text file\n"
+
+
+def test_a_prompt_of_bytes_that_are_not_utf8_says_so(cfg: XrtConfig, no_model: None,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    cfg.prompt = b"caf\xe9".decode("utf-8", "surrogateescape")  # as Python hands a command-line argument over
+    assert main(cfg) == 2
+    assert capsys.readouterr().err == "error: prompt: not valid UTF-8: byte 0xe9 at character 3\n"

@@ -124,13 +124,15 @@ def test_show_json_validate_schema_fields(tmp_path: Path) -> None:
 
 
 def test_multirun_composes_one_valid_config_per_job(tmp_path: Path) -> None:
-    r = xrt("config", "validate", "-m", "executor=eager,cudagraph", "model=qwen3-tiny,qwen3-8b", cwd=tmp_path)
+    # (validate runs run's machine checks: no executor=cudagraph on CPU, dummy weights for a model without a path)
+    r = xrt("config", "validate", "-m", "seed=1,2", "model=qwen3-tiny,qwen3-8b", "model.load_format=dummy",
+            cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "job 1/4: executor=eager model=qwen3-tiny: ok",
-        "job 2/4: executor=eager model=qwen3-8b: ok",
-        "job 3/4: executor=cudagraph model=qwen3-tiny: ok",
-        "job 4/4: executor=cudagraph model=qwen3-8b: ok",
+        "job 1/4: seed=1 model=qwen3-tiny model.load_format=dummy: ok",
+        "job 2/4: seed=1 model=qwen3-8b model.load_format=dummy: ok",
+        "job 3/4: seed=2 model=qwen3-tiny model.load_format=dummy: ok",
+        "job 4/4: seed=2 model=qwen3-8b model.load_format=dummy: ok",
     ]
     r = xrt("config", "validate", "-m", "parallel=tp2,tp8", cwd=tmp_path)
     assert r.returncode == 2
@@ -174,7 +176,8 @@ def test_installed_layout_finds_conf_inside_the_package(tmp_path: Path) -> None:
     code = "from xrt.config.compose import conf_dir; print(conf_dir())"
     found = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     assert found.stdout.strip() == str(site / "xrt" / "conf"), found.stderr
-    r = subprocess.run([sys.executable, "-m", "xrt", "config", "validate", "model=qwen3-8b", "parallel=tp8"],
+    r = subprocess.run([sys.executable, "-m", "xrt", "config", "validate", "model=qwen3-8b", "parallel=tp8",
+                        "model.load_format=dummy"],
                        cwd=work, env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
     assert list(work.iterdir()) == []

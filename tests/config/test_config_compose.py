@@ -109,6 +109,23 @@ def test_an_unbuilt_option_stops_with_one_line(tmp_path: Path, monkeypatch: pyte
     assert unbuilt_options(conf) == {("cache", "l3")}
 
 
+@pytest.mark.parametrize("where,what", [("missing", "does not exist"), ("empty", "holds no config.yaml")])
+def test_an_xrt_conf_dir_that_is_no_conf_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+                                                        what: str) -> None:
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("XRT_CONF_DIR", str(tmp_path / where))
+    with pytest.raises(ConfigError) as e:
+        load_config([])
+    assert e.value.lines() == [f"XRT_CONF_DIR={tmp_path / where}: {what}; point it at a conf/ directory (with "
+                               "config.yaml) or unset it"]
+
+
+def test_a_prompt_given_with_a_prompts_file_is_refused() -> None:
+    assert problems_of(["prompt=Hi", "prompts_file=p.jsonl"]) == {
+        "prompt": "given together with prompts_file='p.jsonl', whose lines are the prompts; give one of them"}
+    assert load_config(["prompts_file=p.jsonl"]).prompts_file == "p.jsonl"  # the default prompt is no conflict
+
+
 def test_bench_config_is_the_seed_protocol() -> None:
     cfg = load_config([], config_name="bench")
     assert cfg.model.name == "qwen3" and cfg.model.hidden_size == 1024 and cfg.model.num_hidden_layers == 28

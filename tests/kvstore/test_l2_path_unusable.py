@@ -101,7 +101,12 @@ def test_an_l2_path_that_cannot_be_a_directory(
         assert got[0].cached_tokens == {"gpu": 0, "l1": 0, "l2": 0}
         assert got[1].cached_tokens == {"gpu": 0, "l1": 3 * CHUNK, "l2": 0}
         llm.close()  # the L2 writer through its queue before the counters are read
-        stats = llm.stats()["tiers"].as_dict()
+        tiers = llm.stats()["tiers"]
+        stats = tiers.as_dict()
+    # what `xrt run` prints at the end says why L2 holds nothing
+    last = tiers.summary().splitlines()[-1]
+    assert last.startswith(f"kv tiers: L2 stored nothing: cache.l2.path: cannot create {path}/xrt-kv-"), last
+    assert last.endswith(f": {reason}")
     assert stats["stored_chunks_l1"] > 0
     assert stats["stored_chunks_l2"] == stats["store_errors"] == stats["failed_loads"] == 0
     assert "cache.l2.path" not in capsys.readouterr().err  # said once, at start

@@ -276,7 +276,10 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(tiny_checkpoint: str, t
 
 @pytest.mark.parametrize(
     ("content", "reason"),
-    [('{"version": "1.0", "model": ', "EOF while parsing"), ('{"version": "1.0"}', "missing"), ("", "EOF")],
+    [('{"version": "1.0", "model": ', "not JSON: Expecting value at line 1 column 29"),
+     ('{"version": "1.0"}', 'JSON, but an object with keys version: missing the "model" section'),
+     ('{"a": 1}', 'keys a: missing the "model" section'), ('[1, 2]', 'JSON, but list: missing'),
+     ('{"model": {"type": "BPE"}}', "(Missing vocab/merges)"), ("", "the file is empty")],
 )
 def test_corrupt_tokenizer_json_names_the_file(tiny_checkpoint: str, tmp_path: Path, content: str,
                                                reason: str) -> None:

@@ -30,7 +30,7 @@ def _lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
     return capsys.readouterr().err.splitlines()
 
 
-def test_log_lines_at_quarters_and_every_ten_seconds_once_a_second_has_passed(
+def test_log_lines_at_quarters_and_every_few_seconds_once_a_second_has_passed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     clock = Clock()
@@ -40,21 +40,21 @@ def test_log_lines_at_quarters_and_every_ten_seconds_once_a_second_has_passed(
         assert _lines(capsys) == []
         clock.t += 0.7
         p.update(1, 24_000_000)  # past a second, and past a quarter not yet logged
-        assert _lines(capsys) == ["[xrt] loading weights: 31/100 tensors, 0.7/2.4 GB"]
+        assert _lines(capsys) == ["[xrt] loading weights: 31/100 tensors, 0.7/2.4 GB, 1 s"]
         clock.t += 1.0
         p.update(1, 24_000_000)  # same quarter, 1 s later
         assert _lines(capsys) == []
         clock.t += progress.LOG_EVERY_S
-        p.update(1, 24_000_000)  # same quarter, 10 s later
-        assert _lines(capsys) == ["[xrt] loading weights: 33/100 tensors, 0.8/2.4 GB"]
+        p.update(1, 24_000_000)  # same quarter, LOG_EVERY_S later
+        assert _lines(capsys) == ["[xrt] loading weights: 33/100 tensors, 0.8/2.4 GB, 7 s"]
         clock.t += 0.1
         p.update(20, 480_000_000)  # the half
-        assert _lines(capsys) == ["[xrt] loading weights: 53/100 tensors, 1.3/2.4 GB"]
+        assert _lines(capsys) == ["[xrt] loading weights: 53/100 tensors, 1.3/2.4 GB, 7 s"]
         clock.t += 0.1
         p.update(47, 1_128_000_000)  # done: left to the final line
         assert _lines(capsys) == []
         clock.t += 0.3
-    assert _lines(capsys) == ["[xrt] loading weights: 100/100 tensors, 2.4/2.4 GB in 12.70 s"]
+    assert _lines(capsys) == ["[xrt] loading weights: 100/100 tensors, 2.4/2.4 GB in 7.70 s"]
 
 
 def test_a_short_run_logs_one_line_and_hidden_or_failed_runs_none(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,6 +72,37 @@ def test_a_short_run_logs_one_line_and_hidden_or_failed_runs_none(capsys: pytest
         p.update()
         raise RuntimeError("corrupt file")
     assert _lines(capsys) == []
+
+
+def test_poll_logs_what_moved_although_no_unit_finished(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    with Progress(300, "generating", "request", tty=False, clock=clock) as p:
+        p.set_postfix("120 tokens, 60.0 tok/s")
+        clock.t += 2.0
+        p.poll()
+        assert _lines(capsys) == []  # within LOG_EVERY_S of the start
+        clock.t += progress.LOG_EVERY_S
+        p.poll()  # no request finished, the tokens moved: a line
+        assert _lines(capsys) == [f"[xrt] generating: 0/300 requests, 120 tokens, 60.0 tok/s, "
+                                  f"{2 + progress.LOG_EVERY_S:.0f} s"]
+        p.set_postfix("300 tokens, 75.0 tok/s")
+        clock.t += 1.0
+        p.poll()
+        assert _lines(capsys) == []  # within LOG_EVERY_S of the last line
+        clock.t += progress.LOG_EVERY_S
+        p.poll()
+        assert _lines(capsys) == [f"[xrt] generating: 0/300 requests, 300 tokens, 75.0 tok/s, "
+                                  f"{3 + 2 * progress.LOG_EVERY_S:.0f} s"]
+        p.update(300)
+
+
+def test_poll_redraws_the_bar_with_the_new_postfix(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    with Progress(300, "generating", "request", tty=True, clock=clock) as p:
+        p.set_postfix("512 tokens")
+        clock.t += 1.0
+        p.poll()
+        assert "512 tokens" in capsys.readouterr().err
 
 
 def test_bytes_are_shown_in_the_unit_of_the_total() -> None:

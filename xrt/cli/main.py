@@ -50,6 +50,7 @@ ENVIRONMENT = {
     "RANK": "set by torchrun: this process's rank (log prefixes; a rank other than 0 serves rank 0's steps)",
     "WORLD_SIZE": "set by torchrun: the number of ranks (must equal parallel.tp); with RANK, xrt spawns no workers",
     "LOCAL_RANK": "set by torchrun: the CUDA device of this rank on its host",
+    "LOCAL_WORLD_SIZE": "set by torchrun: the ranks on this host (cache.l1.size_gb is checked for each of them)",
     "NIXL_LOG_LEVEL": "NIXL's log level (cache=l1_l2; default here: WARN, on stderr)",
 }
 
@@ -73,6 +74,7 @@ class Invocation:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    _tolerant_output()
     try:
         return _main(args)
     except ConfigError as e:
@@ -96,6 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _tolerant_output() -> None:
+    """A character the terminal's encoding lacks (PYTHONIOENCODING=ascii, a latin-1 locale) is printed escaped
+    (\\u00e9), as Python's stderr does, rather than failing the run with UnicodeEncodeError mid-output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: nothing to print to anyway
+                pass
 
 
 def _main(args: list[str]) -> int:
@@ -173,14 +187,29 @@ def _config(inv: Invocation) -> int:
         print(config_cmd.schema() if inv.action == "schema" else config_cmd.fields())
         return 0
     config_name = inv.config_name or "config"
+    # validate checks what the command of this config would check before loading a model (xrt.cli.machine).
+    command = "bench" if config_name == "bench" else "run"
     if not inv.multirun:
         cfg = _compose_one(_overrides(inv), config_name)
+        if inv.action == "validate":
+            from xrt.cli.machine import command_problems, machine_warnings
+
+            problems = command_problems(cfg, command)
+            if problems:
+                raise ConfigError(problems)
+            for line in machine_warnings(cfg):
+                print(f"warning: {line}", file=sys.stderr)
         print("ok" if inv.action == "validate" else config_cmd.show(cfg, as_json=inv.as_json))
         return 0
-    from xrt.cli.multirun import planned
+    from xrt.cli.multirun import check_jobs, planned
 
     # The jobs the multirun would run (for a sampling sweeper, the values it may pick), each checked.
-    p = planned(inv.command, _overrides(inv), config_name)
+    p = planned(command if inv.action == "validate" else inv.command, _overrides(inv), config_name)
+    if inv.action == "validate":
+        check_jobs(command, p)
+        if not p.plan.local:
+            print(f"note: machine checks skipped: {p.plan.launcher} runs the jobs elsewhere (each job checks its "
+                  "own machine as it starts)", file=sys.stderr)
     for label, cfg in zip(p.labels, p.cfgs, strict=True):
         if inv.action == "validate":
             print(f"{label}: ok")
@@ -201,11 +230,10 @@ def _dispatch(inv: Invocation) -> int:
 
         return multirun.main(inv.command, _overrides(inv), config_name)
     cfg = _compose_one(_overrides(inv), config_name)
-    from xrt.cli.paths import CHECKS
-    from xrt.config import runtime_check
+    from xrt.cli.machine import command_problems
 
     # Machine and path checks before the model loads: a bad path fails in a second.
-    problems = runtime_check(cfg) + CHECKS.get(inv.command, lambda cfg: [])(cfg)
+    problems = command_problems(cfg, inv.command)
     if problems:
         raise ConfigError(problems)
     from xrt.distributed.env import torchrun_env

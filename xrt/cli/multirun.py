@@ -76,11 +76,9 @@ class SweepTask:
             if num in self.outputs:
                 xcfg = attrs.evolve(xcfg, output=self.outputs[num])
             # Again here: with a launcher that runs jobs elsewhere, this is the machine that runs them.
-            from xrt.cli.paths import CHECKS
-            from xrt.config import runtime_check
+            from xrt.cli.machine import command_problems, machine_problems
 
-            check = CHECKS.get(self.command) if self.command != "bench" else None
-            problems = runtime_check(xcfg) + (check(xcfg) if check else [])
+            problems = machine_problems(xcfg) if self.command == "bench" else command_problems(xcfg, self.command)
             if problems:
                 raise ConfigError(problems)
         except ConfigError as e:
@@ -149,16 +147,11 @@ def planned(command: str, overrides: list[str], config_name: str) -> Planned:
 
 def main(command: str, overrides: list[str], config_name: str) -> int:
     """Check every job, then run the multirun; the first failed job's status (0 when all succeeded)."""
-    from xrt.cli.paths import CHECKS, sweep_dir_problems
-    from xrt.config import runtime_check
     from xrt.config.hydra_app import hydra_app
 
     p = planned(command, overrides, config_name)
     plan = p.plan
-    # Machine and path checks before the first job loads a model, when the jobs run on this machine.
-    check = _bench_problems if command == "bench" else CHECKS.get(command)
-    found = [(runtime_check(c) if plan.local else []) + (check(c) if check else []) for c in p.cfgs]
-    raise_all(found, plan.jobs, plan.enumerated, _sweep_problems(command, p) + sweep_dir_problems(plan.sweep_dir))
+    check_jobs(command, p)
     outputs = {i: c.output for i, c in enumerate(p.cfgs) if c.output} if plan.enumerated else {}
     task = SweepTask(command, plan.num_jobs, outputs)
     status = 0
@@ -176,6 +169,25 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
             for line in combine(Path(plan.sweep_dir)):
                 print(f"[bench] {line}", flush=True)
     return status
+
+
+def check_jobs(command: str, p: Planned) -> None:
+    """Every job's problems and the sweep's own (`job_problems`, `_sweep_problems`, the sweep directory) as one
+    `ConfigError`: what `main` checks before the first job loads a model, and `config validate -m` too."""
+    from xrt.cli.paths import sweep_dir_problems
+
+    sweep = _sweep_problems(command, p) + sweep_dir_problems(p.plan.sweep_dir)
+    raise_all(job_problems(command, p), p.plan.jobs, p.plan.enumerated, sweep)
+
+
+def job_problems(command: str, p: Planned) -> list[list[Problem]]:
+    """Per job: what `command` would refuse once started, found before any job runs: its paths, and with a
+    launcher running the jobs on this machine, the machine checks (`xrt.cli.machine`)."""
+    from xrt.cli.machine import machine_problems
+    from xrt.cli.paths import CHECKS
+
+    check = _bench_problems if command == "bench" else CHECKS.get(command)
+    return [(machine_problems(c) if p.plan.local else []) + (check(c) if check else []) for c in p.cfgs]
 
 
 def _bench_problems(cfg: XrtConfig) -> list[Problem]:
@@ -279,4 +291,5 @@ def _logging_restored() -> Iterator[None]:
         root.setLevel(level)
 
 
-__all__ = ["JobFailed", "SweepJob", "SweepTask", "job_config", "job_label", "main", "planned", "raise_all"]
+__all__ = ["JobFailed", "SweepJob", "SweepTask", "check_jobs", "job_config", "job_label", "job_problems", "main",
+           "planned", "raise_all"]

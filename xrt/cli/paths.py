@@ -12,9 +12,16 @@ from xrt.config import XrtConfig
 from xrt.reflect import Problem
 
 
+def input_path(path: str) -> str:
+    """A path field as the user wrote it, `~` expanded (many shells leave `output=~/o.jsonl` alone), as
+    `model.path` and `cache.l2.path` are."""
+    return os.path.expanduser(path)
+
+
 def output_problems(cfg: XrtConfig) -> list[Problem]:
-    """`run`'s `output`: a file (not a directory) in an existing, writable directory, and not the prompts."""
-    path = cfg.output
+    """`run`'s `output`: a file (not a directory) in an existing, writable directory, not the prompts, not an
+    earlier file unless output_overwrite=true, and one the kernel really lets us create."""
+    path = input_path(cfg.output)
     if not path:
         return []
     if "\0" in path:
@@ -28,9 +35,29 @@ def output_problems(cfg: XrtConfig) -> list[Problem]:
         return [("output", f"{parent!r} is not a directory, so {path!r} cannot be written")]
     if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         return [("output", f"cannot write {path!r} (permission denied)")]
-    if cfg.prompts_file and "\0" not in cfg.prompts_file and _same_file(path, cfg.prompts_file):
+    if cfg.prompts_file and "\0" not in cfg.prompts_file and _same_file(path, input_path(cfg.prompts_file)):
         return [("output", f"{path!r} is the prompts_file; writing there would overwrite the prompts")]
-    return []
+    if os.path.isfile(path) and not cfg.output_overwrite:
+        return [("output", f"{path!r} exists; choose another path, or set output_overwrite=true to replace it")]
+    problem = _try_create(path)
+    return [("output", problem)] if problem else []
+
+
+def _try_create(path: str) -> str | None:
+    """Whether `path` can really be opened for writing: os.access passes paths the kernel refuses later
+    (/proc/x, a read-only mount, a full quota). A new file is made and removed again; an existing one is opened
+    for appending, which changes nothing; a fifo or device (/dev/stdout) is left alone (opening may block)."""
+    exists = os.path.exists(path)
+    if exists and not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "a" if exists else "x", encoding="utf-8"):
+            pass
+        if not exists:
+            os.remove(path)
+    except OSError as e:
+        return f"cannot write {path!r} ({e.strerror or e})"
+    return None
 
 
 def out_dir_problems(cfg: XrtConfig) -> list[Problem]:
@@ -81,7 +108,23 @@ def _is_job_dir(path: str) -> bool:
     return os.path.isdir(os.path.join(path, ".hydra")) or os.path.isfile(os.path.join(path, "results.jsonl"))
 
 
-CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": output_problems, "bench": out_dir_problems}
+def prompts_file_problems(cfg: XrtConfig) -> list[Problem]:
+    """`run`'s `prompts_file`, when set: a file that exists (its lines are checked by xrt.cli.run_prompts)."""
+    path = input_path(cfg.prompts_file)
+    if not path or "\0" in path:
+        return [] if not path else [("prompts_file", f"must not contain a NUL character, got {path!r}")]
+    if os.path.isdir(path):
+        return [("prompts_file", f"{path!r} is a directory; expected a JSONL or text file")]
+    if not os.path.isfile(path):
+        return [("prompts_file", f"no such file {path!r}")]
+    return []
+
+
+def run_problems(cfg: XrtConfig) -> list[Problem]:
+    return prompts_file_problems(cfg) + output_problems(cfg)
+
+
+CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": run_problems, "bench": out_dir_problems}
 
 
 def separate_outputs(cfgs: list[XrtConfig]) -> list[XrtConfig]:
@@ -91,7 +134,7 @@ def separate_outputs(cfgs: list[XrtConfig]) -> list[XrtConfig]:
     by_path: dict[str, list[int]] = {}
     for i, cfg in enumerate(cfgs):
         if cfg.output:
-            by_path.setdefault(os.path.abspath(cfg.output), []).append(i)
+            by_path.setdefault(os.path.abspath(input_path(cfg.output)), []).append(i)
     width = len(str(len(cfgs)))
     out = list(cfgs)
     for ids in by_path.values():
@@ -110,8 +153,8 @@ def numbered(path: str, number: int, width: int = 1) -> str:
 def sweep_problems(cfgs: list[XrtConfig]) -> list[list[Problem]]:
     """Per job: its output is another job's output too, or another job's prompts_file."""
     found: list[list[Problem]] = [[] for _ in cfgs]
-    outputs = [os.path.abspath(c.output) if c.output else "" for c in cfgs]
-    prompts = [os.path.abspath(c.prompts_file) if c.prompts_file else "" for c in cfgs]
+    outputs = [os.path.abspath(input_path(c.output)) if c.output else "" for c in cfgs]
+    prompts = [os.path.abspath(input_path(c.prompts_file)) if c.prompts_file else "" for c in cfgs]
     for i, path in enumerate(outputs):
         if not path:
             continue
@@ -131,6 +174,6 @@ def _same_file(a: str, b: str) -> bool:
 
 
 __all__ = [
-    "CHECKS", "numbered", "out_dir_problems", "output_problems", "separate_outputs", "sweep_dir_problems",
-    "sweep_problems",
+    "CHECKS", "input_path", "numbered", "out_dir_problems", "output_problems", "prompts_file_problems", "run_problems",
+    "separate_outputs", "sweep_dir_problems", "sweep_problems",
 ]

@@ -91,7 +91,8 @@ def strings_help() -> list[str]:
         "                 with - (or one word naming a field) is written prompt=TEXT",
         "",
         "outputs: `output` is checked before a model loads (an existing, writable directory; not the",
-        "  prompts_file); run appends each result to it as it finishes (JSONL, completion order, flushed).",
+        "  prompts_file; an existing file only with output_overwrite=true); run writes each result there as it",
+        "  finishes (JSONL, completion order, flushed) and prints it; stream=true prints tokens as they arrive.",
         "  In a sweep, jobs sharing output=o.jsonl write o.1.jsonl, o.2.jsonl, ... (job numbers as printed);",
         "  bench jobs sharing bench.out_dir append to one results.jsonl and table (the first job starts it afresh).",
     ]

@@ -1,29 +1,22 @@
-"""`python -m xrt run`: generate from `prompt` or every line of `prompts_file`, print each
-generation, optionally write them as JSONL to `output` (each line as its request finishes, so a crash
-or Ctrl-C keeps what was done), and end with a startup/throughput summary."""
+"""`python -m xrt run`: generate from `prompt` or every line of `prompts_file`, every prompt checked before the
+model loads; print each generation as its request finishes (`stream=true`: as its tokens arrive), optionally
+write them as JSONL to `output` (each line as its request finishes, so a crash or Ctrl-C keeps what was done),
+and end with a startup/throughput summary."""
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from typing import IO, Any
+from contextlib import ExitStack
 
-from xrt.cli.paths import output_problems
+from xrt.cli.paths import input_path, output_problems
+from xrt.cli.run_output import StreamPrinter, open_output, print_output, summary
+from xrt.cli.run_prompts import Prompt, RunInputError, read_prompts
 from xrt.config import XrtConfig
 from xrt.engine.errors import RequestError
 from xrt.engine.outputs import RequestOutput
 from xrt.reflect import ConfigError
-
-Prompt = str | list[int]
-
-
-class RunInputError(ValueError):
-    pass
 
 
 def main(cfg: XrtConfig) -> int:
@@ -42,19 +35,44 @@ def main(cfg: XrtConfig) -> int:
 
 def _run(cfg: XrtConfig, closing: ExitStack) -> int:
     sources: list[str] = []
+    output = input_path(cfg.output)
     try:
-        prompts, sources = read_prompts(cfg)
+        read = read_prompts(cfg)
+        prompts, sources = read.prompts, read.sources
+        from xrt.engine.precheck import config_tokenizer, precheck_prompts
+
+        # The tokenizer before the weights: every prompt is checked in a second, not after the model loads.
+        tokenizer, checkpoint_dir = config_tokenizer(cfg)
+        if cfg.chat:
+            if tokenizer is None:
+                where = f"none in {checkpoint_dir}" if checkpoint_dir else "model.load_format=dummy has none"
+                raise RunInputError([f"chat: needs the checkpoint's tokenizer.json and chat template ({where})"])
+            prompts = [tokenizer.apply_chat_template([{"role": "user", "content": _as_text(p, s)}])
+                       for p, s in zip(prompts, sources, strict=True)]
+        errors = read.errors(precheck_prompts(prompts, cfg, tokenizer, checkpoint_dir, add_special_tokens=not cfg.chat))
+        if errors:
+            raise RunInputError(errors)
         from xrt.engine.llm import LLM
 
-        llm = closing.enter_context(LLM(cfg))
-        if cfg.chat:
-            prompts = [llm.apply_chat_template([{"role": "user", "content": _as_text(p)}]) for p in prompts]
-        # Opened (and an earlier file replaced) only once the model is up: a failed load leaves it alone.
-        with open_output(cfg.output) as sink:
+        llm = closing.enter_context(LLM(cfg, tokenizer=tokenizer))
+        # A fresh engine numbers its requests from 0, in the order they are queued: prompt order.
+        printer = StreamPrinter(list(range(len(prompts))), list(prompts)) if cfg.stream else None
+        # Opened (and an earlier file replaced, with output_overwrite=true) only once the model is up: a failed
+        # load leaves it alone.
+        with open_output(output) as sink:
+
+            def finished(out: RequestOutput) -> None:
+                sink.write(out)
+                if printer is None:
+                    print_output(out)
+
             start = time.perf_counter()
             try:
-                outputs = llm.generate(prompts, add_special_tokens=not cfg.chat, on_output=sink.write)
+                outputs = llm.generate(prompts, add_special_tokens=not cfg.chat, on_output=finished,
+                                       on_delta=printer.delta if printer is not None else None)
             except KeyboardInterrupt:
+                if printer is not None:
+                    printer.flush()
                 where = f"; their results are in {cfg.output}" if cfg.output else ""
                 print(f"interrupted: {sink.count} of {len(prompts)} requests finished{where}", file=sys.stderr)
                 raise
@@ -62,14 +80,9 @@ def _run(cfg: XrtConfig, closing: ExitStack) -> int:
     except (ValueError, OSError) as e:
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             raise
-        if isinstance(e, RequestError) and e.index is not None and e.index < len(sources):
-            # LLM.generate names the prompt by its index; the user wrote it in `prompt` or a file's line.
-            print(f"error: {sources[e.index]}: {e.message}", file=sys.stderr)
-        else:
-            print(f"error: {e}", file=sys.stderr)
+        for line in _error_lines(e, sources):
+            print(f"error: {line}", file=sys.stderr)
         return 2
-    for out in outputs:
-        print_output(out)
     print(summary(llm.startup_s, outputs, elapsed), flush=True)
     tiers = llm.stats().get("tiers")  # every L2 writer through its queue first: the counts are final
     if tiers is not None:
@@ -82,114 +95,16 @@ def _run(cfg: XrtConfig, closing: ExitStack) -> int:
     return 1 if failed else 0
 
 
-def _as_text(prompt: Prompt) -> str:
+def _error_lines(e: ValueError | OSError, sources: list[str]) -> list[str]:
+    if isinstance(e, RunInputError):
+        return e.lines
+    if isinstance(e, RequestError) and e.index is not None and e.index < len(sources):
+        # LLM.generate names the prompt by its index; the user wrote it in `prompt` or a file's line.
+        return [f"{sources[e.index]}: {e.message}"]
+    return [str(e)]
+
+
+def _as_text(prompt: Prompt, source: str) -> str:
     if not isinstance(prompt, str):
-        raise RunInputError("chat: needs text prompts, got token ids")
+        raise RunInputError([f"{source}: chat=true needs text prompts, got token ids"])
     return prompt
-
-
-def read_prompts(cfg: XrtConfig) -> tuple[list[Prompt], list[str]]:
-    """The prompts, and where each came from as an error line names it (`prompt`, `prompts_file: f line 3`)."""
-    if not cfg.prompts_file:
-        return [cfg.prompt], ["prompt"]
-    path = cfg.prompts_file
-    if not os.path.isfile(path):
-        raise RunInputError(f"prompts_file: no such file {path!r}")
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        lines = data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise RunInputError(
-            f"prompts_file: {path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
-        ) from None
-    first = next((ln for ln in lines if ln.strip()), "")
-    as_jsonl = path.endswith((".jsonl", ".json")) or first.lstrip().startswith("{")
-    prompts: list[Prompt] = []
-    sources: list[str] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        prompts.append(_jsonl_prompt(path, number, line) if as_jsonl else line)
-        sources.append(f"prompts_file: {path} line {number}")
-    if not prompts:
-        raise RunInputError(f"prompts_file: {path!r} holds no prompts")
-    return prompts, sources
-
-
-def _jsonl_prompt(path: str, number: int, line: str) -> Prompt:
-    where = f"prompts_file: {path} line {number}"
-    try:
-        record: Any = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RunInputError(f"{where}: not valid JSON ({e.msg})") from None
-    if isinstance(record, dict) and isinstance(record.get("prompt"), str):
-        return record["prompt"]
-    ids = record.get("prompt_token_ids") if isinstance(record, dict) else None
-    if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        return ids
-    raise RunInputError(f'{where}: expected {{"prompt": "<text>"}} or {{"prompt_token_ids": [ints]}}, got {line[:80]}')
-
-
-class Sink:
-    """Appends one JSONL record per finished request and flushes it; with no file it only counts."""
-
-    def __init__(self, f: IO[str] | None) -> None:
-        self.f = f
-        self.count = 0
-
-    def write(self, o: RequestOutput) -> None:
-        self.count += 1
-        if self.f is not None:
-            self.f.write(json.dumps(record(o), ensure_ascii=False) + "\n")
-            self.f.flush()
-
-
-@contextmanager
-def open_output(path: str) -> Iterator[Sink]:
-    if not path:
-        yield Sink(None)
-        return
-    with open(path, "w", encoding="utf-8") as f:
-        yield Sink(f)
-
-
-def record(o: RequestOutput) -> dict[str, Any]:
-    """One JSONL line; "logprobs" only when sampling.logprobs asked for them (a line per token stays small
-    otherwise): per generated token its id, logprob, rank and top [[id, logprob], ...], aligned with token_ids."""
-    out = {
-        "request_id": o.request_id,
-        "prompt": o.prompt,
-        "prompt_token_ids": o.prompt_token_ids,
-        "text": o.text,
-        "token_ids": o.token_ids,
-        "finish_reason": o.finish_reason,
-        "error": o.error,
-        "ttft_s": o.ttft_s,
-        "token_times_s": o.token_times_s,
-    }
-    if o.logprobs is not None:
-        out["logprobs"] = [{"token_id": lp.token_id, "logprob": lp.logprob, "rank": lp.rank,
-                            "top": [list(t) for t in lp.top]} for lp in o.logprobs]
-    return out
-
-
-def print_output(out: RequestOutput) -> None:
-    prompt = out.prompt if out.prompt is not None else out.prompt_token_ids
-    print(f"[{out.request_id}] {prompt!r} -> ", end="")
-    if out.finish_reason == "error":
-        print(f"(error: {out.error})")
-    else:
-        print(f"{out.text!r}  ({len(out.token_ids)} tokens, {out.finish_reason})")
-
-
-def summary(startup_s: float, outputs: list[RequestOutput], elapsed_s: float) -> str:
-    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs if o.finish_reason != "error")
-    generated = sum(len(o.token_ids) for o in outputs)
-    ttfts = [o.ttft_s for o in outputs if o.ttft_s is not None]
-    ttft = f", TTFT p50 {statistics.median(ttfts) * 1e3:.1f} ms" if ttfts else ""
-    return (
-        f"startup {startup_s:.2f} s | {len(outputs)} requests, {prompt_tokens} prompt tokens, "
-        f"{generated} generated in {elapsed_s:.2f} s: {generated / max(elapsed_s, 1e-9):.1f} tokens/s{ttft}"
-    )

@@ -30,8 +30,14 @@ def conf_dir() -> Path:
     """conf/ as shipped in the wheel (xrt/conf) or at the top of a source checkout; XRT_CONF_DIR wins."""
     package = Path(__file__).resolve().parents[1]
     candidates = [package / "conf", package.parent / "conf"]
-    if os.environ.get("XRT_CONF_DIR"):
-        candidates.insert(0, Path(os.environ["XRT_CONF_DIR"]))
+    given = os.environ.get("XRT_CONF_DIR")
+    if given:
+        # Set, it is the conf/ used: falling back to the shipped one would run a config the user did not mean.
+        if not (Path(given) / "config.yaml").is_file():
+            what = "does not exist" if not Path(given).exists() else "holds no config.yaml"
+            raise ConfigError([("", f"XRT_CONF_DIR={given}: {what}; point it at a conf/ directory (with "
+                                    "config.yaml) or unset it")])
+        return Path(given)
     for c in candidates:
         if (c / "config.yaml").is_file():
             return c
@@ -107,6 +113,10 @@ def config_from_raw(raw: dict[str, Any], explicit: set[str]) -> XrtConfig:
         cfg = build(XrtConfig, raw)
     except ConfigError as e:
         found.extend(_blame_file(e.problems, from_file))
+    if not found and "prompt" in explicit and cfg.prompts_file:
+        # run reads prompts_file when it is set: a prompt given as well would be dropped without a word.
+        found.append(("prompt", f"given together with prompts_file={cfg.prompts_file!r}, whose lines are the prompts; "
+                                "give one of them"))
     if found:
         raise ConfigError(found)
     return cfg

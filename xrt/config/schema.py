@@ -273,7 +273,14 @@ class XrtConfig:
     seed: int = field(0, help="global seed (dummy weights, sampling)", validator=in_range(0, SEED_MAX))
     prompt: str = field("Hello", help="run: the prompt to generate from")
     prompts_file: str = field("", help="run: JSONL ({\"prompt\": ...} per line) or text file, one prompt per line")
-    output: str = field("", help="run: write generations as JSONL here")
+    output: str = field(
+        "", help="run: write generations as JSONL here, one line per request as it finishes (completion order); an "
+        "existing file is refused unless output_overwrite=true"
+    )
+    output_overwrite: bool = field(False, help="run: replace an existing `output` file (false: refuse it, so no "
+                                   "earlier results are lost)")
+    stream: bool = field(False, help="run: print each generation to the terminal as its tokens arrive (in prompt "
+                         "order: the first unfinished request streams, later ones are printed when it ends)")
     chat: bool = field(False, help="run: apply the checkpoint's chat template to each prompt")
 
     def check(self) -> Problems:

@@ -64,9 +64,11 @@ class Ranks:
                 "parallel.tp: torch.distributed is already initialised in this process (is another "
                 "tensor-parallel LLM still open? `del` it first)"
             )
+        from xrt.distributed.spawn_guard import check_spawn
         from xrt.distributed.worker import spawned_main
 
         size = cfg.parallel.tp
+        check_spawn(size)
         store = master_store(cfg)
         ctx = multiprocessing.get_context("spawn")
         processes: dict[int, BaseProcess] = {}

@@ -21,7 +21,6 @@ wherever it is. `step()` is `step_stream()` keeping the finished requests' outpu
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.engine.stop import finish_reason, stop_holdback
-from xrt.engine.tokenizer import Tokenizer
-from xrt.engine.validate_prompts import Prompt, check_prompt
+from xrt.engine.tokenizer import Tokenizer, checkpoint_tokenizer
+from xrt.engine.validate_prompts import Prompt, check_prompt, no_tokenizer
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import PendingTokens, Runner
 from xrt.kvcache.connector import TierCounters
@@ -79,11 +78,11 @@ class LLMEngine:
 
             # The tokenizer first: a corrupt tokenizer.json or chat template fails in milliseconds, not after
             # the weights load.
-            tokenizer = tokenizer or _checkpoint_tokenizer(resolve_checkpoint(cfg.model), cfg.chat)
+            tokenizer = tokenizer or checkpoint_tokenizer(resolve_checkpoint(cfg.model), cfg.chat)
             runner = build_runner(cfg)
         self.runner = runner
         if tokenizer is None:
-            tokenizer = _checkpoint_tokenizer(runner.checkpoint_dir, cfg.chat)
+            tokenizer = checkpoint_tokenizer(runner.checkpoint_dir, cfg.chat)
         if isinstance(tokenizer, Tokenizer):
             if tokenizer.vocab_size > runner.vocab_size:
                 # Its ids past the embedding would index out of range in the first forward pass.
@@ -128,12 +127,7 @@ class LLMEngine:
         text: str | None = None
         if isinstance(checked, str):
             if self.tokenizer is None:
-                raise RequestError(
-                    where,
-                    "text prompts need the checkpoint's tokenizer.json (model.load_format=dummy has none); "
-                    "pass token ids instead",
-                    index,
-                )
+                raise RequestError(where, no_tokenizer(self.runner.checkpoint_dir), index)
             text = checked
             ids = self.tokenizer.encode(checked, add_special_tokens=add_special_tokens)
         else:
@@ -342,13 +336,3 @@ class LLMEngine:
         finally:
             self.runner.close()
 
-
-def _checkpoint_tokenizer(checkpoint_dir: str | None, chat: bool) -> Tokenizer | None:
-    """The checkpoint's tokenizer.json, if it has one (dummy weights have none); with `chat`, its chat template
-    checked too."""
-    if not checkpoint_dir or not os.path.exists(os.path.join(checkpoint_dir, "tokenizer.json")):
-        return None
-    tokenizer = Tokenizer(checkpoint_dir)
-    if chat:
-        tokenizer.check_chat_template()
-    return tokenizer

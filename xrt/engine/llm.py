@@ -11,7 +11,7 @@ from typing import Any
 from xrt.config import SamplingArgs, XrtConfig
 from xrt.engine.engine import LLMEngine, Request
 from xrt.engine.errors import RequestError
-from xrt.engine.outputs import RequestOutput
+from xrt.engine.outputs import RequestOutput, StreamOutput
 from xrt.engine.tokenizer import Message, Tokenizer
 from xrt.engine.validate_prompts import Prompt, as_prompt_list
 from xrt.engine.validate_sampling import validate_sampling
@@ -72,11 +72,14 @@ class LLM:
         *,
         add_special_tokens: bool = True,
         on_output: Callable[[RequestOutput], None] | None = None,
+        on_delta: Callable[[StreamOutput], None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. `prompts`: text, a list of token ids, or a list of
         those; `sampling`: one SamplingArgs or dict (fields over cfg.sampling) for all prompts, or a list
         with one per prompt; None uses cfg.sampling. `on_output`: called with each output as its request
         finishes (completion order), so a caller can keep results that finished before a crash or Ctrl-C.
+        `on_delta`: the requests are streamed, and it is called with each StreamOutput as steps produce them
+        (new token ids and text; the last one of a request carries its RequestOutput), before `on_output`.
 
         The whole input is checked before anything is queued: a bad prompt (not text or token ids, text
         that is not valid Unicode, token ids outside [0, vocab_size), empty, no room under
@@ -84,22 +87,28 @@ class LLM:
         the wrong length) raises RequestError, a ValueError whose one-line message names the field
         (`prompts[1]: ...`, `sampling.top_p: ...`), and the engine is left as it was."""
         requests = self._check(prompts, sampling, add_special_tokens)
-        ids = [self.engine.queue(r) for r in requests]
+        ids = [self.engine.queue(r, stream=on_delta is not None) for r in requests]
         show = len(ids) >= _PROGRESS_MIN_PROMPTS if use_tqdm is None else use_tqdm
         results: dict[int, RequestOutput] = {}
         wanted = set(ids)
-        start = time.perf_counter()
-        generated = 0
+        start, generated_before = time.perf_counter(), self.engine.num_generated_tokens
         with Progress(len(ids), "generating", "request", show=show) as bar:
             while self.engine.has_unfinished() and len(results) < len(wanted):
-                for out in self.engine.step():
-                    if out.request_id in wanted:
+                for delta in self.engine.step_stream():
+                    if delta.request_id not in wanted:
+                        continue
+                    if on_delta is not None:
+                        on_delta(delta)
+                    out = delta.output
+                    if out is not None:
                         results[out.request_id] = out
                         if on_output is not None:
                             on_output(out)
-                        generated += len(out.token_ids)
                         bar.update(1)
-                        bar.set_postfix(f"tok_s={generated / max(time.perf_counter() - start, 1e-9):.1f}")
+                # Every step, not only when a request finishes: a long batch shows its tokens moving from the start.
+                generated = self.engine.num_generated_tokens - generated_before
+                bar.set_postfix(f"{generated} tokens, {generated / max(time.perf_counter() - start, 1e-9):.1f} tok/s")
+                bar.poll()
         return [results[i] for i in ids]
 
     def _check(self, prompts: object, sampling: object, add_special_tokens: bool) -> list[Request]:

@@ -59,26 +59,15 @@ class Scheduler:
     def admission_error(self, num_prompt_tokens: int) -> str | None:
         """Why a prompt of this length can never run, or None."""
         n = num_prompt_tokens
+        error = length_error(n, self.max_model_len, self.args)
         kv = self.kv
         capacity = kv.num_pages * kv.page_size
-        if n == 0:
-            return "prompt is empty"
-        if n + 1 > self.max_model_len:
-            return (
-                f"prompt has {n} tokens; model.max_model_len={self.max_model_len} leaves no room to generate "
-                f"(at most {self.max_model_len - 1} prompt tokens)"
-            )
-        if n + 1 > capacity:
+        if error is None and n + 1 > capacity:
             return (
                 f"prompt has {n} tokens but the KV cache holds {capacity} ({kv.num_pages} pages of {kv.page_size}); "
                 "raise cache.num_pages or cache.kv_size_gb"
             )
-        if not self.args.chunked_prefill and n > self.args.max_batched_tokens:
-            return (
-                f"prompt has {n} tokens, more than scheduler.max_batched_tokens={self.args.max_batched_tokens} "
-                "allows with scheduler.chunked_prefill=false"
-            )
-        return None
+        return error
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -329,3 +318,20 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+
+def length_error(n: int, max_model_len: int, args: SchedulerArgs) -> str | None:
+    """Why a prompt of n tokens can never run whatever the KV cache holds (known before a model loads), or None."""
+    if n == 0:
+        return "prompt is empty"
+    if n + 1 > max_model_len:
+        return (
+            f"prompt has {n} tokens; model.max_model_len={max_model_len} leaves no room to generate "
+            f"(at most {max_model_len - 1} prompt tokens)"
+        )
+    if not args.chunked_prefill and n > args.max_batched_tokens:
+        return (
+            f"prompt has {n} tokens, more than scheduler.max_batched_tokens={args.max_batched_tokens} "
+            "allows with scheduler.chunked_prefill=false"
+        )
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import jinja2
@@ -58,6 +59,33 @@ def _token_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _load(path: str) -> tokenizers.Tokenizer:
+    """tokenizers' own errors quote a serde position that is not the problem for a JSON file of another kind
+    (`{"a": 1}`: "expected `,` or `}` at line 1 column 5"): the JSON is read here first, so the message says what
+    the file is."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a valid tokenizer.json ({why})")
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise bad(f"cannot read it: {e}") from None
+    if not text.strip():
+        raise bad("the file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        kind = f"an object with keys {', '.join(sorted(data)[:5])}" if isinstance(data, dict) else type(data).__name__
+        raise bad(f'JSON, but {kind}: missing the "model" section every tokenizer.json has')
+    try:
+        return tokenizers.Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise bad(re.sub(r" at line \d+ column \d+$", "", _first_line(e))) from None
+
+
 class Tokenizer:
     def __init__(self, checkpoint_dir: str) -> None:
         path = os.path.join(checkpoint_dir, "tokenizer.json")
@@ -65,10 +93,7 @@ class Tokenizer:
             raise FileNotFoundError(f"{path}: missing; the checkpoint needs a tokenizer.json")
         self.checkpoint_dir = checkpoint_dir
         self.path = path
-        try:
-            self._tok = tokenizers.Tokenizer.from_file(path)
-        except Exception as e:  # tokenizers raises a bare Exception for unreadable or malformed files
-            raise CheckpointError(f"{path}: not a valid tokenizer.json ({_first_line(e)})") from None
+        self._tok = _load(path)
         self.config = _read_json(os.path.join(checkpoint_dir, "tokenizer_config.json"))
         gen = _read_json(os.path.join(checkpoint_dir, "generation_config.json"))
         model = _read_json(os.path.join(checkpoint_dir, "config.json"))
@@ -152,3 +177,14 @@ class Tokenizer:
         except jinja2.TemplateError as e:  # a template that does not parse or fails while rendering
             line = f"line {e.lineno}: " if isinstance(e, jinja2.TemplateSyntaxError) else ""
             raise CheckpointError(f"{source}: invalid chat template ({line}{_first_line(e)})") from None
+
+
+def checkpoint_tokenizer(checkpoint_dir: str | None, chat: bool) -> Tokenizer | None:
+    """The checkpoint's tokenizer.json, if it has one (dummy weights have none); with `chat`, its chat template
+    checked too."""
+    if not checkpoint_dir or not os.path.exists(os.path.join(checkpoint_dir, "tokenizer.json")):
+        return None
+    tokenizer = Tokenizer(checkpoint_dir)
+    if chat:
+        tokenizer.check_chat_template()
+    return tokenizer

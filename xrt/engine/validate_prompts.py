@@ -5,6 +5,7 @@ length against model.max_model_len and the KV cache is checked after tokenizing 
 
 from __future__ import annotations
 
+import os
 from numbers import Integral
 
 from xrt.engine.errors import RequestError
@@ -32,9 +33,7 @@ def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None 
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError as e:  # lone surrogates: text no tokenizer (or file) can hold
-            raise RequestError(
-                where, f"not valid Unicode: lone surrogate {prompt[e.start]!r} at character {e.start}", index
-            ) from None
+            raise RequestError(where, _not_unicode(prompt, e.start), index) from None
         return prompt
     if not isinstance(prompt, (list, tuple)):
         raise RequestError(where, f"expected text or a list of token ids, got {type(prompt).__name__}", index)
@@ -47,6 +46,23 @@ def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None 
                 where, f"token ids must be integers in [0, {vocab_size}), got {_show(t)} at position {pos}", index
             )
     return [int(t) for t in prompt]
+
+
+def _not_unicode(text: str, at: int) -> str:
+    code = ord(text[at])
+    if 0xDC80 <= code <= 0xDCFF:
+        # Python's surrogateescape: bytes that were not UTF-8 (a command-line argument, a file read with it).
+        return f"not valid UTF-8: byte 0x{code - 0xDC00:02x} at character {at}"
+    return f"not valid Unicode: lone surrogate {text[at]!r} at character {at}"
+
+
+def no_tokenizer(checkpoint_dir: str | None) -> str:
+    """Why a text prompt cannot be tokenized, and how to pass it as token ids instead."""
+    how = ('pass token ids instead ({"prompt_token_ids": [1, 2, 3]} lines in a prompts_file; a list of ints in '
+           "LLM.generate)")
+    if not checkpoint_dir:
+        return f"text prompts need a tokenizer, and model.load_format=dummy (random weights) has none; {how}"
+    return f"text prompts need {os.path.join(checkpoint_dir, 'tokenizer.json')}, which is missing; {how}"
 
 
 def _show(value: object) -> str:

@@ -11,13 +11,14 @@ import attrs
 
 from xrt.config import XrtConfig
 from xrt.kvcache.device import DeviceKVCache, KVArrivals, KVLayout
+from xrt.kvcache.sizing import host_available_bytes
 from xrt.kvstore.chunk import ChunkLayout
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
 from xrt.models.checkpoint import cache_dir
-from xrt.units import GB
+from xrt.units import GB, GiB
 
 
 def key_namespace(cfg: XrtConfig, kv: KVLayout, checkpoint_dir: str | None, tp_rank: int,
@@ -39,7 +40,24 @@ def chunk_layout(cfg: XrtConfig, kv: KVLayout) -> ChunkLayout:
     return ChunkLayout(kv, cfg.cache.chunk_tokens)
 
 
+def l1_memory_problem(size_gb: float, ranks: int = 1) -> tuple[str, str] | None:
+    """cache.l1.size_gb on `ranks` ranks of this host against the host memory available now (preflight.py, and
+    build_l1 for this rank alone)."""
+    available, need = host_available_bytes(), size_gb * GB * ranks
+    if available is None or need <= available:
+        return None
+    each = f" on each of {ranks} ranks of this host" if ranks > 1 else ""
+    each += f" ({need / GiB:.2f} GiB)"
+    return ("cache.l1.size_gb", f"{size_gb} GB of host memory{each} is more than the {available / GiB:.2f} GiB "
+                                f"available; lower cache.l1.size_gb")
+
+
 def build_l1(cfg: XrtConfig, layout: ChunkLayout) -> L1Cache:
+    # Checked again here for callers that never ran the CLI's preflight (`LLM(cfg)`): this rank's share only, as
+    # the other ranks of the host may have allocated theirs already.
+    problem = l1_memory_problem(cfg.cache.l1.size_gb)
+    if problem is not None:
+        raise ValueError(": ".join(problem))
     return L1Cache(layout, int(cfg.cache.l1.size_gb * GB))
 
 

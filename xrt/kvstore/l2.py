@@ -114,8 +114,12 @@ class L2Store:
         name = agent_name or f"xrt-l2-{temp_tag()}"
         params = dict(args.backend_params)
         # one agent per role (stores, loads at admission, prefetches), so none queues behind another's transfer
-        self._agents = {role: L2Agent(api, f"{name}-{role.lower()}", role, self.backend, params, l1)
-                        for role in ROLES}
+        try:
+            self._agents = {role: L2Agent(api, f"{name}-{role.lower()}", role, self.backend, params, l1)
+                            for role in ROLES}
+        except Exception as e:  # NIXL's binding errors (a GDS plugin without cuFile); the CLI asks first (preflight)
+            raise ValueError(f"cache.l2.backend: {self.backend}: NIXL cannot start this backend here: "
+                             f"{e or type(e).__name__}; use POSIX") from e
         self.stored = self.loaded = self.corrupt = self.late_transfers = 0
         self.last_store_failed = False  # the latest store's batch failed (L2Writer counts it)
         self._verify = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="xrt-kv-verify")

@@ -34,7 +34,8 @@ class TierStats:
     requests that waited in the scheduler's reading state for their prefix to be held in L1 (reads.py), and
     their time there in all (each at most what recomputing the prefix would have cost).
     l2_direct_io: 1 when L2 loads open the chunk files with O_DIRECT, 0 buffered (cache.l2.direct_io, l2.py;
-    set by the L2 writer, which holds both). other_ranks (parallel.tp > 1): RANK_COUNTERS of the other ranks'
+    set by the L2 writer, which holds both). l2_off: why L2 stores nothing, if it does not (the writer sets it).
+    other_ranks (parallel.tp > 1): RANK_COUNTERS of the other ranks'
     tiers, summed, as of the last flush (rank 0's own are the fields above)."""
 
     hit_tokens: dict[str, int] = field(default_factory=_per_tier)
@@ -62,6 +63,7 @@ class TierStats:
     prefetch_errors: int = 0
     l2_direct_io: int = 0
     store_queue_now: int = 0  # the L2 writer's queue when the counters were last reported (not a count)
+    l2_off: str = ""  # "L2 stored nothing: <why>" (an unusable cache.l2.path, failing stores), for summary()
     other_ranks: dict[str, float] | None = None
 
     def counters(self) -> list[float]:
@@ -117,6 +119,7 @@ class TierStats:
             f"failures {self.checksum_failures} | prefetched {self.prefetched_chunks} chunks"
             f"{prefetch_rate} | {self.reads} requests waited {self.read_wait_s * 1e3:.0f} ms for reads"
             + (self._other_ranks_line() if self.other_ranks is not None else "")
+            + (f"\nkv tiers: {self.l2_off}" if self.l2_off else "")
         )
 
     def _other_ranks_line(self) -> str:

@@ -34,6 +34,7 @@ class L2Writer:
     def __init__(self, l2: L2Store, l1: L1Cache, stats: TierStats) -> None:
         self.l2, self.l1, self.stats = l2, l1, stats
         stats.l2_direct_io = int(l2.direct)  # how loads read (fixed at the store's start-up, nearly always)
+        stats.l2_off = f"L2 stored nothing: {l2.error}" if l2.error else ""
         self.queue: queue.Queue[Item | None] = queue.Queue(max(QUEUE_CHUNKS, l1.num_slots // 2))
         self.off: str | None = None  # why the store was turned off
         self._errors_in_a_row = 0
@@ -114,6 +115,7 @@ class L2Writer:
             self._errors_in_a_row += 1
             if self._errors_in_a_row >= MAX_CONSECUTIVE_ERRORS:
                 self.off = f"{self._errors_in_a_row} store batches failed in a row"
+                self.stats.l2_off = f"L2 stored nothing more once {self.off} (storing turned off)"
                 log.error("L2 tier: %s; storing turned off for this run (loads continue)", self.off)
             return
         self._errors_in_a_row = 0
