@@ -64,6 +64,8 @@ def test_cli_serves_the_config_and_reports_vllms_figures(
             assert r[f"mean_{m}_ms"] > 0 and r[f"median_{m}_ms"] <= r[f"p99_{m}_ms"]
         # the server saw the timed requests only (the warm-up came before the first rate's reading)
         assert r["server_ttft_count"] == n and 0 < r["server_mean_ttft_ms"] <= r["mean_ttft_ms"]
+        # a GET the engine never sees returns sooner than a first token
+        assert 0 < r["http_rtt_ms"] < r["mean_ttft_ms"]
     assert out.count("Successful requests:                     6") == 2 and "Mean TPOT (ms):" in out
     md = (tmp_path / "results.md").read_text()
     assert "## Serve: qwen3-tiny, input 8 / output 5" in md

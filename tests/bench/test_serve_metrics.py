@@ -123,14 +123,19 @@ def test_the_block_and_the_table_show_the_record() -> None:
                  "Median E2EL (ms):                        250.00", "first errors: HTTP 500: boom"):
         assert line in block
     assert "Server's mean TTFT (ms):                 150.00" in block
-    table = render_serve([r, {**r, "request_rate": 0.0, "max_concurrency": 0, "server_mean_ttft_ms": None}])
+    assert "HTTP round trip" not in block  # none measured
+    r = {**r, "http_rtt_ms": 0.8}
+    assert "HTTP round trip, GET /v1/models (ms):".ljust(40) + " 0.80" in "\n".join(result_lines(r))
+    table = render_serve([r, {**r, "request_rate": 0.0, "max_concurrency": 0, "server_mean_ttft_ms": None,
+                              "http_rtt_ms": None}])
     assert "## Serve: m, input 20 / output 3 ±50%, cpu" in table
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table if ln.startswith("| eager")]
     assert [row[:4] for row in rows] == [["eager", "4/s", "2 (peak 2)", "2 (1)"],
                                          ["eager", "all at once", "– (peak 2)", "2 (1)"]]
     assert rows[0][6] == "0.50 (ttft ≤ 250)"
     assert (rows[0][10], rows[1][10]) == ("150.0", "–")  # the server's TTFT
-    assert rows[0][11] == "25.00 / 25.00 / 25.00"  # TPOT mean / median / p99
+    assert (rows[0][11], rows[1][11]) == ("0.800", "–")  # the HTTP round trip
+    assert rows[0][12] == "25.00 / 25.00 / 25.00"  # TPOT mean / median / p99
     assert render_serve([{**r, "scenario": "latency"}]) == []
 
 

@@ -131,6 +131,7 @@ def _record(cfg: XrtConfig, given: dict[str, Any], rate: float, result: dict[str
         "slo_ms": slos_ms(b),
         **metrics,
         **server_ttft(result.get("server_ttft")),
+        "http_rtt_ms": None if result.get("http_rtt") is None else result["http_rtt"] * 1e3,
         "errors": list(dict.fromkeys(r["error"] for r in requests if not r["ok"]))[:ERRORS_KEPT],
         **where,
         "config": given,

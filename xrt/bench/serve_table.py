@@ -45,6 +45,8 @@ def result_lines(r: Record) -> list[str]:
                   for p in r["percentiles"]]
         if key == "ttft" and r.get("server_mean_ttft_ms") is not None:
             lines.append(_row("Server's mean TTFT (ms):", r["server_mean_ttft_ms"]))
+        if key == "ttft" and r.get("http_rtt_ms") is not None:
+            lines.append(_row("HTTP round trip, GET /v1/models (ms):", r["http_rtt_ms"]))
     if r["errors"]:
         lines.append(f"first errors: {'; '.join(r['errors'])}")
     return [*lines, "=" * WIDTH]
@@ -94,17 +96,18 @@ def _table(key: GroupKey, rows: list[Record]) -> list[str]:
         f"## Serve: {model}, input {input_len} / output {output_len}{spread}, {dev}",
         "",
         f"{rows[0]['num_requests']} requests per rate; ms cells: mean / median / {' / '.join(quantiles)} (each "
-        "row's bench.percentiles); server TTFT: the server's own histogram mean.",
+        "row's bench.percentiles); server TTFT: the server's own histogram mean; HTTP: the client's median round trip "
+        "of GET /v1/models (the HTTP share of a TTFT).",
         "",
         "| label | rate | max in flight | completed (failed) | duration s | req/s | goodput req/s | output tok/s "
-        "| total tok/s | TTFT ms | server TTFT ms | TPOT ms | ITL ms | E2EL ms |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| total tok/s | TTFT ms | server TTFT ms | HTTP ms | TPOT ms | ITL ms | E2EL ms |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         cells = [r["label"], _rate(r), f"{r['max_concurrency'] or '–'} (peak {r['peak_concurrent_requests']})",
                  f"{r['completed']} ({r['failed']})", f"{r['duration']:.2f}", f"{r['request_throughput']:.2f}",
                  _goodput(r), f"{r['output_throughput']:.0f}", f"{r['total_token_throughput']:.0f}",
-                 _latency(r, "ttft"), ms(r.get("server_mean_ttft_ms")),
+                 _latency(r, "ttft"), ms(r.get("server_mean_ttft_ms")), ms(r.get("http_rtt_ms")),
                  *(_latency(r, key) for key in ("tpot", "itl", "e2el"))]
         lines.append(f"| {' | '.join(cells)} |")
     return lines

@@ -125,6 +125,7 @@ async def _guarded(state: ServerState, request: Request, model: type[BaseModel],
 
 async def _generate(state: ServerState, request: Request, model: type[BaseModel], prepare: Callable[..., Prepared],
                     chat: bool) -> Response:
+    received = time.perf_counter()
     _auth(state, request)
     if state.draining:
         raise APIError(503, "the server is shutting down")
@@ -133,7 +134,7 @@ async def _generate(state: ServerState, request: Request, model: type[BaseModel]
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
                        "model", "model_not_found")
     prepared = prepare(body, state.engine, state.sampling)
-    job = state.loop.submit(prepared.requests)
+    job = state.loop.submit(prepared.requests, received)
     shapes = Shapes(chat, state.model_name, prepared.include_usage, state.engine.tokenizer)
     if prepared.stream:
         return EventStream(_events(job, shapes, prepared), lambda: state.loop.abort(job))

@@ -53,8 +53,10 @@ class EngineLoop:
     def running(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
-    def submit(self, requests: list[Request]) -> Job:
-        """Queues a request's choices (on the event loop's thread); APIError 503 beyond the queue bound."""
+    def submit(self, requests: list[Request], received: float | None = None) -> Job:
+        """Queues a request's choices (on the event loop's thread); APIError 503 beyond the queue bound.
+        received: perf_counter() when the handler got the request, the arrival its latencies count from (reading
+        and checking the body is part of what a client waits for)."""
         if self.error is not None or not self.running:
             raise APIError(503, "the server is shutting down" if self.error is None else
                            f"the engine stopped on an error: {self.error}")
@@ -63,7 +65,7 @@ class EngineLoop:
                            "(scheduler.max_num_seqs running + serve.max_queued waiting); retry later",
                            code="queue_full")
         job = Job(asyncio.Queue())
-        now = time.perf_counter()
+        now = time.perf_counter() if received is None else received
         job.choices = [Choice(job, i, r, now) for i, r in enumerate(requests)]
         job.unfinished = len(requests)
         self.live += len(requests)
