@@ -132,13 +132,11 @@ class EngineLoop:
                     self.engine.abort(rid)
 
     def _deliver(self, deltas: list[StreamOutput]) -> None:
-        now = time.perf_counter()
         items = []
         for d in deltas:
             choice = self._by_id.get(d.request_id)
             if choice is None:
                 continue
-            self.metrics.observe(choice, d, now)
             if d.finished:
                 del self._by_id[d.request_id]
             items.append((choice, d))
@@ -165,8 +163,14 @@ class EngineLoop:
     # ------------------------------------------------------------------ back on the event loop's thread
 
     def _dispatch(self, items: list[tuple[Choice, Any]], aborted_before_start: bool) -> None:
+        # Latencies are read here, when the event loop has the tokens to send, not when the step ended: the wait for
+        # this thread (the GIL, other handlers) is part of what a client waits for.
+        now = time.perf_counter()
         for choice, item in items:
-            last = aborted_before_start or isinstance(item, EngineFailed) or item.finished
+            failed = isinstance(item, EngineFailed)
+            if not (aborted_before_start or failed):
+                self.metrics.observe(choice, item, now)
+            last = aborted_before_start or failed or item.finished
             if last:
                 choice.job.unfinished -= 1
                 self.live -= 1
