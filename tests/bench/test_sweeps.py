@@ -117,10 +117,30 @@ def test_process_launchers_give_the_in_process_results(
 def test_a_sweep_leaves_logging_as_it_was(in_process: tuple[Path, str], tmp_path: Path) -> None:
     root = logging.getLogger()
     before = (list(root.handlers), root.level)
-    rc, _, err = cli("bench", "-m", *TINY, "bench.peer=none", f"hydra.sweep.dir={tmp_path / 's'}")
+    rc, out, err = cli("bench", "-m", *TINY, "bench.peer=none", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}")
     assert rc == 0, err
     assert (list(root.handlers), root.level) == before
-    assert (tmp_path / "s" / "0" / "bench.log").is_file()  # Hydra's job log, in the job's directory
+    # Hydra's job log, in the job's directory: the lines that job printed, numbered as Hydra numbers it.
+    for num in (0, 1):
+        log = (tmp_path / "s" / str(num) / "bench.log").read_text()
+        assert f"[stdout][INFO] - [bench] job #{num} of 2: wrote " in log and "[bench] eager batch 1: TTFT" in log
+        assert f"job #{1 - num} " not in log
+        assert f"[bench] job #{num} of 2: wrote {tmp_path / 's' / str(num) / 'results.jsonl'}" in out
+
+
+def test_a_job_log_takes_each_line_once_as_last_drawn(tmp_path: Path) -> None:
+    from xrt.cli.job_log import LineTee
+
+    handler = logging.FileHandler(tmp_path / "job.log")
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    shown = io.StringIO()
+    tee = LineTee(shown, [handler], "stderr")
+    for part in ("[xrt] one", " line\n", "\r 10%", "\r100%\n", "\n", "no newline"):
+        tee.write(part)
+    tee.close_line()
+    handler.close()
+    assert shown.getvalue() == "[xrt] one line\n\r 10%\r100%\n\nno newline"  # the stream gets it all
+    assert (tmp_path / "job.log").read_text() == "stderr: [xrt] one line\nstderr: 100%\nstderr: no newline\n"
 
 
 def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> None:
@@ -148,7 +168,7 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
 
 @pytest.mark.parametrize("args,text", [
     (["scheduler.max_num_seqs=4,0", "hydra/launcher=joblib"],
-     "error: scheduler.max_num_seqs: must be >= 1, got 0 [job 2 of 2]"),
+     "error: scheduler.max_num_seqs: must be >= 1, got 0 [job #1 of 2]"),
     (["hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "bench.scenario=throughput",
       "scheduler.max_num_seqs=int(interval(0,8))"],  # the search space's lower bound
      "error: scheduler.max_num_seqs: must be >= 1, got 0"),
@@ -159,7 +179,7 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
      "error: bench.objective: the kernels scenario returns no objective for the sweeper"),
     (["bench.input_len=8,3000"],  # what the bench refuses once started, found before the first job
      "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 3004 "
-     "[job 2 of 2]"),
+     "[job #1 of 2]"),
     (["seed=interval(1,4)"], "the basic sweeper runs a,b,c / range() / glob() sweeps; interval() needs a "
                              "sweeper that samples, e.g. hydra/sweeper=optuna"),
     (["hydra/launcher=jobib", "sede=1,2"], "error: sede: unknown field; did you mean seed?\n"
@@ -232,11 +252,11 @@ def test_sweeper_params_in_a_primary_config_are_swept(tmp_path: Path, monkeypatc
     monkeypatch.setenv("XRT_CONF_DIR", str(conf))
     rc, out, err = cli("config", "validate", "-m", "--config-name", "layers", "seed=3,4")
     assert rc == 0, err
-    assert out.splitlines() == ["job 1/4: model.num_hidden_layers=1 seed=3: ok",
-                                "job 2/4: model.num_hidden_layers=1 seed=4: ok",
-                                "job 3/4: model.num_hidden_layers=2 seed=3: ok",
-                                "job 4/4: model.num_hidden_layers=2 seed=4: ok"]
+    assert out.splitlines() == ["job #0 of 4: model.num_hidden_layers=1 seed=3: ok",
+                                "job #1 of 4: model.num_hidden_layers=1 seed=4: ok",
+                                "job #2 of 4: model.num_hidden_layers=2 seed=3: ok",
+                                "job #3 of 4: model.num_hidden_layers=2 seed=4: ok"]
     (conf / "layers.yaml").write_text(
         "defaults:\n  - bench\n  - _self_\nhydra:\n  sweeper:\n    params:\n      model.num_hidden_layers: 2,0\n")
     rc, out, err = cli("config", "validate", "-m", "--config-name", "layers")
-    assert rc == 2 and "error: model.num_hidden_layers: must be > 0, got 0 [job 2 of 2]" in err
+    assert rc == 2 and "error: model.num_hidden_layers: must be > 0, got 0 [job #1 of 2]" in err

@@ -129,14 +129,15 @@ def test_multirun_composes_one_valid_config_per_job(tmp_path: Path) -> None:
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "job 1/4: seed=1 model=qwen3-tiny model.load_format=dummy: ok",
-        "job 2/4: seed=1 model=qwen3-8b model.load_format=dummy: ok",
-        "job 3/4: seed=2 model=qwen3-tiny model.load_format=dummy: ok",
-        "job 4/4: seed=2 model=qwen3-8b model.load_format=dummy: ok",
+        "job #0 of 4: seed=1 model=qwen3-tiny model.load_format=dummy: ok",
+        "job #1 of 4: seed=1 model=qwen3-8b model.load_format=dummy: ok",
+        "job #2 of 4: seed=2 model=qwen3-tiny model.load_format=dummy: ok",
+        "job #3 of 4: seed=2 model=qwen3-8b model.load_format=dummy: ok",
     ]
     r = xrt("config", "validate", "-m", "parallel=tp2,tp8", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[0] == "error: parallel.tp: must divide model.num_attention_heads=4, got 8 [job 2 of 2]"
+    assert r.stderr.splitlines()[0] == ("error: parallel.tp: must divide model.num_attention_heads=4, got 8 "
+                                        "[job #1 of 2]")
     assert list(tmp_path.iterdir()) == []
 
 
