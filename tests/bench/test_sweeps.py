@@ -80,7 +80,7 @@ def test_the_basic_launcher_runs_each_job_in_its_directory_with_one_peer_measure
     in_process: tuple[Path, str],
 ) -> None:
     directory, out = in_process
-    assert out.count("[bench] hf batch 1:") == 1  # job 2 took job 1's peer figures
+    assert out.count("[bench] hf batch 1:") == 1  # job #1 took job #0's peer figures
     for num, overlap in ((0, True), (1, False)):
         job = directory / str(num)
         assert yaml.safe_load((job / ".hydra" / "config.yaml").read_text())["executor"]["overlap"] is overlap

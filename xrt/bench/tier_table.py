@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xrt.bench.cells import ms, row_labels, spread
+from xrt.bench.cells import label_order, ms, row_labels, spread
 from xrt.bench.results import Record
 
 PREFIX_PHASES = (
@@ -38,7 +38,7 @@ MULTITURN_KEY = ("model", "clients", "rounds", "turn_len", "output_len", "dtype"
 def prefix_groups(records: list[Record]) -> dict[GroupKey, list[Record]]:
     """Rows per (model, dtype, device), sorted by label then prefix length."""
     groups = _grouped(records, "prefix", PREFIX_KEY, "prefix_len")
-    return {k: sorted(v, key=lambda r: (r["label"], r["prefix_len"])) for k, v in groups.items()}
+    return {k: sorted(v, key=lambda r: (label_order(r["label"]), r["prefix_len"])) for k, v in groups.items()}
 
 
 def multiturn_groups(records: list[Record]) -> dict[GroupKey, list[Record]]:
