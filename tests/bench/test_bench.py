@@ -231,3 +231,25 @@ def test_cli_rejects_lengths_past_the_model(capsys: pytest.CaptureFixture[str], 
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == (
         "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 2100")
+
+
+@pytest.mark.parametrize("low,high", [(2.0, 9.0), (2.0, 3.0), (0.4, 300.0)])
+def test_a_log_ms_axis_has_labelled_ticks_within_its_range(low: float, high: float) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from xrt.bench.figure import new_figure, style_axes
+
+    fig, axes = new_figure(1, 1, 6)
+    ax = axes[0][0]
+    ax.plot([1, 8], [low, high], "o-", label="xrt")
+    ax.set_yscale("log")
+    style_axes(ax, [1, 8], "batch", "TTFT ms", "TTFT")
+    fig.canvas.draw()
+    y0, y1 = ax.get_ylim()
+    shown = {t.get_text() for t in ax.yaxis.get_ticklabels(which="both")
+             if t.get_text() and y0 <= t.get_position()[1] <= y1}
+    assert len(shown) >= 2, shown  # matplotlib's default labels only powers of ten: none between 2 and 9
+    assert all(float(text.replace("\N{MINUS SIGN}", "-")) > 0 for text in shown)  # plain numbers
+    assert [t.get_text() for t in ax.xaxis.get_ticklabels(which="minor")] == []  # x: the batches alone
+    plt.close(fig)
