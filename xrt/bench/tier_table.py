@@ -132,9 +132,15 @@ def _steps(steps: Any) -> str:
             f"({steps['decode_steps']}, {steps['decode_batch_mean']:.1f})")
 
 
+def device_kv_name(device_type: str) -> str:
+    """The KV pages of the device the model runs on, named for it (the tiers below are L1 and L2)."""
+    return {"cuda": "GPU KV", "cpu": "CPU KV"}.get(device_type, "device KV")
+
+
 def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
     model, clients, rounds, turn_len, output_len, dtype, dev = key
     head = rows[0]
+    kv = device_kv_name(str(head.get("device", "")).partition(":")[0])
     lines = [
         f"## Multiturn: {model}, {clients} clients x {rounds} rounds, turn {turn_len}, output {output_len}, "
         f"{dtype}, {dev}",
@@ -144,7 +150,8 @@ def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
         "",
         "| label | tiers | requests/s | × first | tokens/s | output tokens/s | TTFT ms | TPOT ms "
         "| prefill s (steps) | decode s (steps, mean batch) "
-        "| prompt tokens gpu / l1 / l2 / computed | preempted | working set | GPU KV | L1 + L2 | outputs |",
+        f"| prompt tokens gpu / l1 / l2 / computed | preempted | working set tokens | {kv} tokens | L1 + L2 tokens "
+        "| outputs |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
