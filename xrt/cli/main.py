@@ -283,7 +283,7 @@ def full_help(command: str | None = None) -> str:
         "                       combination; hydra/launcher=joblib|submitit_local|submitit_slurm, hydra/sweeper=optuna",
         "                       (the `sweep` extra), hydra.sweep.dir=DIR (bench: <bench.out_dir>/<date>_<time>)",
         f"  --config-name NAME   primary config in conf/ ({', '.join(config_names())}); bench uses `bench`",
-        "  -v, --verbose        debug log lines (= log_level=debug)",
+        "  -v, --verbose        debug log lines (= log_level=debug): what start-up built (model, KV cache, engine)",
         "  -q, --quiet          warnings and errors only (= log_level=warning)",
         "  --json               config show: JSON instead of YAML",
         "  -h, --help           this help",
