@@ -150,6 +150,28 @@ def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None
         assert text in r.stdout
 
 
+def test_each_command_has_its_own_help(tmp_path: Path) -> None:
+    full = xrt("--help", cwd=tmp_path).stdout
+    helps = {}
+    for command in ("run", "bench", "profile", "serve", "config"):
+        r = xrt(command, "--help", cwd=tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.stdout.startswith(f"usage: python -m xrt {command} ")
+        helps[command] = r.stdout
+        assert len(r.stdout.splitlines()) < len(full.splitlines()) / 2  # focused: not the global help
+        assert "model.*" in r.stdout and "model.hidden_size" not in r.stdout  # shared sections by name only
+    fields = {c: {ln.split()[0] for ln in h.splitlines() if ln[:1].isalpha() and "." in ln.split()[0]}
+              for c, h in helps.items()}
+    run = helps["run"]
+    assert "\noutput " in run and "\nprompts_file " in run and "output_overwrite" in run and "\nseed " in run
+    assert "bench.batch" not in fields["run"] and "serve.port" not in run
+    assert "bench.batch" in fields["bench"] and "prompts_file" not in helps["bench"].split("fields of bench")[1]
+    assert "serve.port" in fields["serve"] and "-m, --multirun" not in helps["serve"]
+    assert "profile.mode" in fields["profile"] and "bench.*" in helps["profile"]
+    assert "validate check the config" in helps["config"] and "--json" in helps["config"]
+    assert all(f in full for fs in fields.values() for f in fs)  # the global help still lists every field
+
+
 @pytest.mark.parametrize("args,text", [
     ((), "no command given"),
     (("confg",), "did you mean config?"),

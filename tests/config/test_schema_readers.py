@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from xrt.cli.main import ENVIRONMENT
+from xrt.cli.help_text import ENVIRONMENT
 from xrt.config import XrtConfig
 from xrt.reflect import walk
 
