@@ -151,6 +151,7 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
         "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=0", "scheduler.max_num_seqs=choice(1,2,8)",
         f"hydra.sweep.dir={directory}")
     assert rc == 0, err
+    assert "\x1b[" not in out + err and "alembic" not in out + err and "A new study created" not in out + err
     jobs = [lines(directory / str(i) / "results.jsonl")[0] for i in range(4)]
     assert not (directory / "4").exists()
     for job in jobs:  # each trial returned its measured throughput to the sweeper
@@ -164,6 +165,31 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
     assert f"[bench] best tokens_per_s: {best['tokens_per_s']:.4g} (job #{best['sweep']['job']}: " \
            f"scheduler.max_num_seqs={size})" in out
     assert len(lines(directory / "results.jsonl")) == 4
+
+
+def test_an_optuna_sweep_quiets_alembic_and_colours_only_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    optuna = pytest.importorskip("optuna")
+    from xrt.cli.job_log import sweep_logging
+
+    alembic, lib = logging.getLogger("alembic"), logging.getLogger("optuna")
+    before = (alembic.level, lib.level)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    shown = {}
+    for name, stream in (("pipe", io.StringIO()), ("tty", Terminal())):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(optuna.logging.create_default_formatter())  # optuna's own: colorlog, no stream
+        monkeypatch.setattr(lib, "handlers", [handler])
+        with sweep_logging("hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"):
+            assert not alembic.isEnabledFor(logging.INFO) and not lib.isEnabledFor(logging.INFO)
+            lib.warning("a trial failed")
+        shown[name] = stream.getvalue()
+        assert (alembic.level, lib.level) == before
+    assert "a trial failed" in shown["pipe"] and "\x1b[" not in shown["pipe"]
+    assert "\x1b[" in shown["tty"]  # a terminal keeps its colours
 
 
 @pytest.mark.parametrize("args,text", [

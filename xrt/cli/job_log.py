@@ -3,7 +3,8 @@ logger, but xrt's logger does not propagate there (`xrt/log.py` formats its own 
 command's results and errors are printed, not logged, so the file stayed empty. For the job's duration `job_log`
 copies every line the job writes on stdout and stderr (its `[xrt]` log lines at the job's `log_level`, `[bench]`
 lines, a run's generations, `error:` lines) into that file, as Hydra's formatter writes a record: what the job
-showed, each line with its time and stream."""
+showed, each line with its time and stream. `sweep_logging` quiets what a sweeper's libraries log around the
+jobs (alembic's import-time lines, optuna's colour codes in a file or pipe)."""
 
 from __future__ import annotations
 
@@ -79,4 +80,40 @@ def job_log() -> Iterator[list[logging.Handler]]:
             sys.stderr = err
 
 
-__all__ = ["LineTee", "job_log"]
+# Loggers of libraries a sweeper brings in that log at INFO what no user asked for: alembic (imported by optuna's RDB
+# storage: seven "setup plugin ..." lines through Hydra's root handler) and optuna ("A new study created", which
+# Hydra's own [HYDRA] lines repeat). Their warnings still show.
+QUIET = ("alembic", "optuna")
+
+
+@contextmanager
+def sweep_logging(sweeper: str) -> Iterator[None]:
+    """Around a multirun: QUIET's loggers at WARNING, and optuna's colorlog formatter in colour only when its
+    stream is a terminal (colorlog colours unless told the stream); as they were afterwards."""
+    if "optuna" in sweeper:
+        try:
+            import optuna  # its handler and level (INFO) are set as it is imported: before ours
+        except ImportError:  # the sweep itself says so, as Hydra's error
+            pass
+        else:
+            for h in logging.getLogger(optuna.__name__).handlers:
+                _colour_only_on_a_tty(h)
+    loggers = [logging.getLogger(name) for name in QUIET]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _colour_only_on_a_tty(handler: logging.Handler) -> None:
+    formatter, stream = handler.formatter, getattr(handler, "stream", None)
+    # colorlog's ColoredFormatter leaves colour out when its `stream` is no terminal; optuna's gives it none.
+    if formatter is not None and hasattr(formatter, "no_color") and getattr(formatter, "stream", None) is None:
+        formatter.stream = stream  # type: ignore[attr-defined]
+
+
+__all__ = ["QUIET", "LineTee", "job_log", "sweep_logging"]

@@ -153,6 +153,7 @@ def planned(command: str, overrides: list[str], config_name: str) -> Planned:
 
 def main(command: str, overrides: list[str], config_name: str) -> int:
     """Check every job, then run the multirun; the first failed job's status (0 when all succeeded)."""
+    from xrt.cli.job_log import sweep_logging
     from xrt.config.hydra_app import hydra_app
 
     p = planned(command, overrides, config_name)
@@ -162,7 +163,7 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     task = SweepTask(command, plan.num_jobs, outputs)
     status = 0
     try:
-        with hydra_app(command) as app, _logging_restored():
+        with hydra_app(command) as app, _logging_restored(), sweep_logging(plan.sweeper):
             try:
                 app.multirun(config_name, task, plan.overrides, with_log_configuration=True)
             except JobFailed as e:
