@@ -79,7 +79,7 @@ def test_a_bad_prompt_after_a_good_one_queues_neither(llm: LLM) -> None:
         (["ok", ""], "prompts[1]: prompt is empty"),
         ([[3], []], "prompts[1]: prompt is empty"),
         (["ok", "a\ud800b"], "prompts[1]: not valid Unicode: lone surrogate '\\ud800' at character 1"),
-        ("\udcff", "prompt: not valid Unicode: lone surrogate '\\udcff' at character 0"),
+        ("\udcff", "prompt: not valid UTF-8: byte 0xff at character 0"),  # surrogateescape: a byte, not text
     ],
 )
 def test_bad_prompts_are_refused_naming_the_prompt(llm: LLM, prompts: object, message: str) -> None:
@@ -235,7 +235,7 @@ def test_cli_kv_cache_larger_than_memory(xrt_cache_dir: str, capsys: pytest.Capt
          "line 2: not valid Unicode: lone surrogate '\\ud800' at character 1"),
         (b'{"prompt": "ok"}\n{"prompt_token_ids": [1, 5000]}\n',
          "line 2: token ids must be integers in [0, 2048), got 5000 at position 1"),
-        (b'{"prompt": "ok"}\n\n{"prompt": "bad \xff"}\n', "line 3: not UTF-8 text (byte 0xff at offset 34)"),
+        (b'{"prompt": "ok"}\n\n{"prompt": "bad \xff"}\n', "line 3: not UTF-8 text (byte 0xff at character 16)"),
     ],
 )
 def test_cli_bad_prompt_in_a_file_names_its_line(xrt_cache_dir: str, tmp_path: Path,
