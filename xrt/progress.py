@@ -18,6 +18,7 @@ from types import TracebackType
 from tqdm import tqdm
 
 from xrt.log import get_logger
+from xrt.units import DECIMAL_UNITS
 
 MIN_ETA_S = 1.0
 LOG_AFTER_S = 1.0
@@ -41,7 +42,7 @@ class Bar(tqdm):
 
 def format_bytes(n: float, total: float) -> str:
     """`1.2/2.4 GB`: both in the decimal unit that suits the total."""
-    for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+    for scale, unit in DECIMAL_UNITS:
         if total >= scale:
             return f"{n / scale:.1f}/{total / scale:.1f} {unit}"
     return f"{n:.0f}/{total:.0f} B"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from xrt.bench.anchors import load_xllm
+from xrt.bench.cells import label_order
 from xrt.bench.engine_timing import Engine, split_steps
 from xrt.bench.floor import decode_kv_bytes, decode_weight_bytes
 from xrt.bench.latency import build_engine, run_latency
@@ -110,6 +111,18 @@ def test_table_has_a_row_per_batch_with_xllm_columns() -> None:
     assert "2.013" not in other  # xLLM's figures only beside the same lengths
 
 
+def test_table_rows_of_a_sweep_sort_numbers_as_numbers() -> None:
+    def swept(seqs: object, temp: float) -> dict[str, object]:
+        return _record(1, config={"scheduler": {"max_num_seqs": seqs}, "sampling": {"temperature": temp}})
+
+    records = [swept(16, 0.5), swept(8, 0.5), swept(128, 0.25), swept(8, 0.25)]
+    md = render_markdown(records)
+    labels = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| cudagraph")]
+    assert labels == [f"cudagraph sampling.temperature={t} scheduler.max_num_seqs={n}"
+                      for t, n in ((0.25, 8), (0.25, 128), (0.5, 8), (0.5, 16))]
+    assert [label_order(x) < label_order(y) for x, y in (("a x=2", "a x=10"), ("a x=10", "a x=b"))] == [True, True]
+
+
 @dataclass
 class Ran:
     returncode: int
@@ -186,11 +199,11 @@ def test_cli_multirun_jobs_share_one_table_and_the_peer(capsys: pytest.CaptureFi
     assert [(x["batch"], x["config"]["model"]["max_model_len"]) for x in lines] == [(1, 512), (1, 1024)]
     assert [x["sweep"]["job"] for x in lines] == [0, 1] and [_lines(sweep / str(i)) for i in (0, 1)] == [
         lines[:1], lines[1:]]
-    assert r.stdout.count("[bench] hf batch 1:") == 1  # job 2 reused job 1's peer figures
+    assert r.stdout.count("[bench] hf batch 1:") == 1  # job #1 reused job #0's peer figures
     assert lines[0]["peer_ttft_ms"] == lines[1]["peer_ttft_ms"] > 0
     rows = [ln for ln in (sweep / "results.md").read_text().splitlines() if ln.startswith("| eager")]
     labels = [ln.split("|")[1].strip() for ln in rows]
-    assert labels == ["eager model.max_model_len=1024", "eager model.max_model_len=512"]
+    assert labels == ["eager model.max_model_len=512", "eager model.max_model_len=1024"]  # as numbers
 
 
 def test_cli_skips_a_batch_without_enough_kv_pages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -218,3 +231,25 @@ def test_cli_rejects_lengths_past_the_model(capsys: pytest.CaptureFixture[str], 
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == (
         "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 2100")
+
+
+@pytest.mark.parametrize("low,high", [(2.0, 9.0), (2.0, 3.0), (0.4, 300.0)])
+def test_a_log_ms_axis_has_labelled_ticks_within_its_range(low: float, high: float) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from xrt.bench.figure import new_figure, style_axes
+
+    fig, axes = new_figure(1, 1, 6)
+    ax = axes[0][0]
+    ax.plot([1, 8], [low, high], "o-", label="xrt")
+    ax.set_yscale("log")
+    style_axes(ax, [1, 8], "batch", "TTFT ms", "TTFT")
+    fig.canvas.draw()
+    y0, y1 = ax.get_ylim()
+    shown = {t.get_text() for t in ax.yaxis.get_ticklabels(which="both")
+             if t.get_text() and y0 <= t.get_position()[1] <= y1}
+    assert len(shown) >= 2, shown  # matplotlib's default labels only powers of ten: none between 2 and 9
+    assert all(float(text.replace("\N{MINUS SIGN}", "-")) > 0 for text in shown)  # plain numbers
+    assert [t.get_text() for t in ax.xaxis.get_ticklabels(which="minor")] == []  # x: the batches alone
+    plt.close(fig)

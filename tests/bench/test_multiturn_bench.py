@@ -51,6 +51,9 @@ def test_cli_multiturn_gives_identical_outputs_and_tier_hits_past_the_gpu_cache(
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert f"multiturn l1_l2: round {ROUNDS}/{ROUNDS}" in out and "multiturn l1_l2: working set 480 tokens" in out
+    # the device's KV named for it (CPU here), every capacity in tokens and bytes (768 bytes a token)
+    assert "multiturn l1_l2: working set 480 tokens (369 kB), CPU KV 160 tokens (40 pages, 123 kB), L1 + L2 " in out
+    assert "GPU" not in out
     gpu, tiered = _lines(tmp_path)
     assert (gpu["tiers"], tiered["tiers"]) == ("gpu", "l1_l2")
     prompt_tokens = CLIENTS * sum(r * (TURN + OUT) + TURN for r in range(ROUNDS))
@@ -82,6 +85,7 @@ def test_cli_multiturn_gives_identical_outputs_and_tier_hits_past_the_gpu_cache(
     rows = [ln for ln in md.splitlines() if ln.startswith("| eager | ")]
     assert [ln.split("|")[2].strip() for ln in rows] == ["gpu", "l1_l2"]
     assert all("identical vs gpu" in ln for ln in rows)
+    assert "| working set tokens | CPU KV tokens | L1 + L2 tokens |" in md
     st = tiered["steps"]
     assert f"| {st['prefill_s']:.2f} ({st['prefill_steps']}) | {st['decode_s']:.2f} ({st['decode_steps']}, " in rows[1]
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"

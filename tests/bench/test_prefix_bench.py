@@ -212,6 +212,6 @@ def test_a_sweep_finds_a_bad_prefix_length_before_its_first_job(
     assert rc == 2
     assert (
         "error: bench.prefix_lens: each must hold at least one cache.chunk_tokens=16 chunk (the unit the tiers "
-        "store), got 8 [job 2 of 2]"
+        "store), got 8 [job #1 of 2]"
     ) in capsys.readouterr().err
     assert not (tmp_path / "sweep").exists()

@@ -80,7 +80,7 @@ def test_the_basic_launcher_runs_each_job_in_its_directory_with_one_peer_measure
     in_process: tuple[Path, str],
 ) -> None:
     directory, out = in_process
-    assert out.count("[bench] hf batch 1:") == 1  # job 2 took job 1's peer figures
+    assert out.count("[bench] hf batch 1:") == 1  # job #1 took job #0's peer figures
     for num, overlap in ((0, True), (1, False)):
         job = directory / str(num)
         assert yaml.safe_load((job / ".hydra" / "config.yaml").read_text())["executor"]["overlap"] is overlap
@@ -117,10 +117,30 @@ def test_process_launchers_give_the_in_process_results(
 def test_a_sweep_leaves_logging_as_it_was(in_process: tuple[Path, str], tmp_path: Path) -> None:
     root = logging.getLogger()
     before = (list(root.handlers), root.level)
-    rc, _, err = cli("bench", "-m", *TINY, "bench.peer=none", f"hydra.sweep.dir={tmp_path / 's'}")
+    rc, out, err = cli("bench", "-m", *TINY, "bench.peer=none", "seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}")
     assert rc == 0, err
     assert (list(root.handlers), root.level) == before
-    assert (tmp_path / "s" / "0" / "bench.log").is_file()  # Hydra's job log, in the job's directory
+    # Hydra's job log, in the job's directory: the lines that job printed, numbered as Hydra numbers it.
+    for num in (0, 1):
+        log = (tmp_path / "s" / str(num) / "bench.log").read_text()
+        assert f"[stdout][INFO] - [bench] job #{num} of 2: wrote " in log and "[bench] eager batch 1: TTFT" in log
+        assert f"job #{1 - num} " not in log
+        assert f"[bench] job #{num} of 2: wrote {tmp_path / 's' / str(num) / 'results.jsonl'}" in out
+
+
+def test_a_job_log_takes_each_line_once_as_last_drawn(tmp_path: Path) -> None:
+    from xrt.cli.job_log import LineTee
+
+    handler = logging.FileHandler(tmp_path / "job.log")
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    shown = io.StringIO()
+    tee = LineTee(shown, [handler], "stderr")
+    for part in ("[xrt] one", " line\n", "\r 10%", "\r100%\n", "\n", "no newline"):
+        tee.write(part)
+    tee.close_line()
+    handler.close()
+    assert shown.getvalue() == "[xrt] one line\n\r 10%\r100%\n\nno newline"  # the stream gets it all
+    assert (tmp_path / "job.log").read_text() == "stderr: [xrt] one line\nstderr: 100%\nstderr: no newline\n"
 
 
 def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> None:
@@ -131,6 +151,7 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
         "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=0", "scheduler.max_num_seqs=choice(1,2,8)",
         f"hydra.sweep.dir={directory}")
     assert rc == 0, err
+    assert "\x1b[" not in out + err and "alembic" not in out + err and "A new study created" not in out + err
     jobs = [lines(directory / str(i) / "results.jsonl")[0] for i in range(4)]
     assert not (directory / "4").exists()
     for job in jobs:  # each trial returned its measured throughput to the sweeper
@@ -146,9 +167,34 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
     assert len(lines(directory / "results.jsonl")) == 4
 
 
+def test_an_optuna_sweep_quiets_alembic_and_colours_only_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    optuna = pytest.importorskip("optuna")
+    from xrt.cli.job_log import sweep_logging
+
+    alembic, lib = logging.getLogger("alembic"), logging.getLogger("optuna")
+    before = (alembic.level, lib.level)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    shown = {}
+    for name, stream in (("pipe", io.StringIO()), ("tty", Terminal())):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(optuna.logging.create_default_formatter())  # optuna's own: colorlog, no stream
+        monkeypatch.setattr(lib, "handlers", [handler])
+        with sweep_logging("hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"):
+            assert not alembic.isEnabledFor(logging.INFO) and not lib.isEnabledFor(logging.INFO)
+            lib.warning("a trial failed")
+        shown[name] = stream.getvalue()
+        assert (alembic.level, lib.level) == before
+    assert "a trial failed" in shown["pipe"] and "\x1b[" not in shown["pipe"]
+    assert "\x1b[" in shown["tty"]  # a terminal keeps its colours
+
+
 @pytest.mark.parametrize("args,text", [
     (["scheduler.max_num_seqs=4,0", "hydra/launcher=joblib"],
-     "error: scheduler.max_num_seqs: must be >= 1, got 0 [job 2 of 2]"),
+     "error: scheduler.max_num_seqs: must be >= 1, got 0 [job #1 of 2]"),
     (["hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "bench.scenario=throughput",
       "scheduler.max_num_seqs=int(interval(0,8))"],  # the search space's lower bound
      "error: scheduler.max_num_seqs: must be >= 1, got 0"),
@@ -159,7 +205,7 @@ def test_optuna_finds_the_best_batch_size_for_throughput(workers_env: Path) -> N
      "error: bench.objective: the kernels scenario returns no objective for the sweeper"),
     (["bench.input_len=8,3000"],  # what the bench refuses once started, found before the first job
      "error: bench.input_len + bench.output_len: must be <= model.max_position_embeddings=2048, got 3004 "
-     "[job 2 of 2]"),
+     "[job #1 of 2]"),
     (["seed=interval(1,4)"], "the basic sweeper runs a,b,c / range() / glob() sweeps; interval() needs a "
                              "sweeper that samples, e.g. hydra/sweeper=optuna"),
     (["hydra/launcher=jobib", "sede=1,2"], "error: sede: unknown field; did you mean seed?\n"
@@ -232,11 +278,11 @@ def test_sweeper_params_in_a_primary_config_are_swept(tmp_path: Path, monkeypatc
     monkeypatch.setenv("XRT_CONF_DIR", str(conf))
     rc, out, err = cli("config", "validate", "-m", "--config-name", "layers", "seed=3,4")
     assert rc == 0, err
-    assert out.splitlines() == ["job 1/4: model.num_hidden_layers=1 seed=3: ok",
-                                "job 2/4: model.num_hidden_layers=1 seed=4: ok",
-                                "job 3/4: model.num_hidden_layers=2 seed=3: ok",
-                                "job 4/4: model.num_hidden_layers=2 seed=4: ok"]
+    assert out.splitlines() == ["job #0 of 4: model.num_hidden_layers=1 seed=3: ok",
+                                "job #1 of 4: model.num_hidden_layers=1 seed=4: ok",
+                                "job #2 of 4: model.num_hidden_layers=2 seed=3: ok",
+                                "job #3 of 4: model.num_hidden_layers=2 seed=4: ok"]
     (conf / "layers.yaml").write_text(
         "defaults:\n  - bench\n  - _self_\nhydra:\n  sweeper:\n    params:\n      model.num_hidden_layers: 2,0\n")
     rc, out, err = cli("config", "validate", "-m", "--config-name", "layers")
-    assert rc == 2 and "error: model.num_hidden_layers: must be > 0, got 0 [job 2 of 2]" in err
+    assert rc == 2 and "error: model.num_hidden_layers: must be > 0, got 0 [job #1 of 2]" in err

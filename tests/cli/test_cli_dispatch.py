@@ -83,7 +83,8 @@ def test_config_errors_stop_a_sweep_before_any_job_runs(monkeypatch: pytest.Monk
     calls = fake_command(monkeypatch, "bench")
     assert cli.main(["bench", "-m", "parallel.tp=1,3", "device=cpu"]) == 2
     assert calls == []
-    assert "error: parallel.tp: must divide model.num_attention_heads=16, got 3 [job 2 of 2]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: parallel.tp: must divide model.num_attention_heads=16, got 3 [job #1 of 2]" in err
 
 
 def test_cudagraph_needs_cuda_when_running_and_validating_not_when_composing(

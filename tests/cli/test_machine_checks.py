@@ -115,9 +115,9 @@ def test_validate_of_a_sweep_checks_every_job_and_says_what_it_skipped(tmp_path:
     monkeypatch.chdir(tmp_path)
     rc, out, err = cli("config", "validate", "-m", "device=cpu", "prompts_file=a.txt,b.txt")
     assert rc == 2 and out == ""
-    assert err.splitlines() == ["error: prompts_file: no such file 'a.txt' [job 1 of 2]",
-                                "error: prompts_file: no such file 'b.txt' [job 2 of 2]"]
+    assert err.splitlines() == ["error: prompts_file: no such file 'a.txt' [job #0 of 2]",
+                                "error: prompts_file: no such file 'b.txt' [job #1 of 2]"]
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     rc, out, err = cli("config", "validate", "-m", "device=cuda", "seed=1,2", "hydra/launcher=submitit_slurm")
-    assert rc == 0 and out == "job 1/2: device=cuda seed=1: ok\njob 2/2: device=cuda seed=2: ok\n"
+    assert rc == 0 and out == "job #0 of 2: device=cuda seed=1: ok\njob #1 of 2: device=cuda seed=2: ok\n"
     assert err.startswith("note: machine checks skipped: ") and "runs the jobs elsewhere" in err

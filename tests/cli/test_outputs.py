@@ -139,8 +139,8 @@ def test_a_sweep_writes_one_output_per_job(in_tmp: Path) -> None:
                        "sampling.max_tokens=2")
     assert rc == 0, err
     assert not (in_tmp / "o.jsonl").exists()
-    assert [len(records(in_tmp / f"o.{i}.jsonl")) for i in (1, 2)] == [2, 2]
-    assert "wrote 2 results to o.1.jsonl" in out and "wrote 2 results to o.2.jsonl" in out
+    assert [len(records(in_tmp / f"o.{i}.jsonl")) for i in (0, 1)] == [2, 2]
+    assert "wrote 2 results to o.0.jsonl" in out and "wrote 2 results to o.1.jsonl" in out
 
 
 def output_lines(*args: str) -> list[str]:
@@ -150,20 +150,20 @@ def output_lines(*args: str) -> list[str]:
 
 
 def test_sweep_outputs_are_numbered_only_where_jobs_share_one() -> None:
-    assert output_lines("seed=1,2", "output=out/o.jsonl") == ["output: out/o.1.jsonl", "output: out/o.2.jsonl"]
+    assert output_lines("seed=1,2", "output=out/o.jsonl") == ["output: out/o.0.jsonl", "output: out/o.1.jsonl"]
     assert output_lines("output=a.jsonl,b.jsonl") == ["output: a.jsonl", "output: b.jsonl"]
     assert output_lines("output=o.jsonl") == ["output: o.jsonl"]  # one job: its name as given
-    assert output_lines("seed=range(0,10)", "output=o")[::9] == ["output: o.01", "output: o.10"]
+    assert output_lines("seed=range(0,11)", "output=o")[::10] == ["output: o.00", "output: o.10"]  # 11 jobs: #0..#10
     assert output_lines("seed=1,2") == ["output: ''", "output: ''"]
 
 
 def test_sweep_outputs_that_collide_are_refused() -> None:
-    rc, out, err = cli("config", "validate", "-m", "output=o.jsonl,o.jsonl,o.2.jsonl")
+    rc, out, err = cli("config", "validate", "-m", "output=o.jsonl,o.jsonl,o.1.jsonl")
     assert rc == 2 and out == ""
-    assert err.splitlines() == ["error: output: 'o.2.jsonl' is written by job 2 too [job 3 of 3]"]
-    # job 1 would overwrite job 2's prompts before job 2 reads them
-    rc, _, err = cli("config", "validate", "-m", "prompts_file=q.txt,o.1.jsonl", "output=o.jsonl")
-    assert rc == 2 and "error: output: 'o.1.jsonl' is the prompts_file of job 2 [job 1 of 2]" in err
+    assert err.splitlines() == ["error: output: 'o.1.jsonl' is written by job #1 too [job #2 of 3]"]
+    # job #0 would overwrite job #1's prompts before job #1 reads them
+    rc, _, err = cli("config", "validate", "-m", "prompts_file=q.txt,o.0.jsonl", "output=o.jsonl")
+    assert rc == 2 and "error: output: 'o.0.jsonl' is the prompts_file of job #1 [job #0 of 2]" in err
 
 
 @pytest.mark.parametrize("multirun,out_dir,text", [

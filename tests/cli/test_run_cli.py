@@ -222,3 +222,21 @@ def test_a_prompt_of_bytes_that_are_not_utf8_says_so(cfg: XrtConfig, no_model: N
     cfg.prompt = b"caf\xe9".decode("utf-8", "surrogateescape")  # as Python hands a command-line argument over
     assert main(cfg) == 2
     assert capsys.readouterr().err == "error: prompt: not valid UTF-8: byte 0xe9 at character 3\n"
+
+
+def test_verbose_logs_what_start_up_built_at_tp_1(tiny_checkpoint: str, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from xrt.cli.main import main as cli_main
+
+    monkeypatch.setattr(logging.getLogger("xrt"), "level", logging.getLogger("xrt").level)
+    errs = []
+    for flags in ([], ["-v"]):
+        assert cli_main(["run", *flags, "prompt=Hi", "sampling.max_tokens=2", "cache.num_pages=64"]) == 0
+        errs.append(capsys.readouterr().err)
+    quiet, verbose = errs
+    assert "[xrt] model: qwen3-tiny, " not in quiet and "[xrt] engine: " not in quiet
+    assert "[xrt] model: qwen3-tiny, " in verbose and f"from {tiny_checkpoint} in " in verbose
+    assert "[xrt] KV cache: 64 pages of 16 tokens (1024 tokens, " in verbose and "executor eager" in verbose
+    assert "[xrt] engine: at most 256 sequences and 8192 tokens a step, " in verbose

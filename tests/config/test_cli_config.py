@@ -129,14 +129,15 @@ def test_multirun_composes_one_valid_config_per_job(tmp_path: Path) -> None:
             cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "job 1/4: seed=1 model=qwen3-tiny model.load_format=dummy: ok",
-        "job 2/4: seed=1 model=qwen3-8b model.load_format=dummy: ok",
-        "job 3/4: seed=2 model=qwen3-tiny model.load_format=dummy: ok",
-        "job 4/4: seed=2 model=qwen3-8b model.load_format=dummy: ok",
+        "job #0 of 4: seed=1 model=qwen3-tiny model.load_format=dummy: ok",
+        "job #1 of 4: seed=1 model=qwen3-8b model.load_format=dummy: ok",
+        "job #2 of 4: seed=2 model=qwen3-tiny model.load_format=dummy: ok",
+        "job #3 of 4: seed=2 model=qwen3-8b model.load_format=dummy: ok",
     ]
     r = xrt("config", "validate", "-m", "parallel=tp2,tp8", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[0] == "error: parallel.tp: must divide model.num_attention_heads=4, got 8 [job 2 of 2]"
+    assert r.stderr.splitlines()[0] == ("error: parallel.tp: must divide model.num_attention_heads=4, got 8 "
+                                        "[job #1 of 2]")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -147,6 +148,28 @@ def test_help_lists_commands_groups_and_reflected_fields(tmp_path: Path) -> None
                  "key/value heads (GQA)", "-v, --verbose", "-q, --quiet", "XRT_DEBUG", "XRT_CACHE_DIR", "XRT_CONF_DIR",
                  "XRT_GIT_COMMIT", "TRITON_INTERPRET", "gpu, l1, l1_l2\n"):
         assert text in r.stdout
+
+
+def test_each_command_has_its_own_help(tmp_path: Path) -> None:
+    full = xrt("--help", cwd=tmp_path).stdout
+    helps = {}
+    for command in ("run", "bench", "profile", "serve", "config"):
+        r = xrt(command, "--help", cwd=tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert r.stdout.startswith(f"usage: python -m xrt {command} ")
+        helps[command] = r.stdout
+        assert len(r.stdout.splitlines()) < len(full.splitlines()) / 2  # focused: not the global help
+        assert "model.*" in r.stdout and "model.hidden_size" not in r.stdout  # shared sections by name only
+    fields = {c: {ln.split()[0] for ln in h.splitlines() if ln[:1].isalpha() and "." in ln.split()[0]}
+              for c, h in helps.items()}
+    run = helps["run"]
+    assert "\noutput " in run and "\nprompts_file " in run and "output_overwrite" in run and "\nseed " in run
+    assert "bench.batch" not in fields["run"] and "serve.port" not in run
+    assert "bench.batch" in fields["bench"] and "prompts_file" not in helps["bench"].split("fields of bench")[1]
+    assert "serve.port" in fields["serve"] and "-m, --multirun" not in helps["serve"]
+    assert "profile.mode" in fields["profile"] and "bench.*" in helps["profile"]
+    assert "validate check the config" in helps["config"] and "--json" in helps["config"]
+    assert all(f in full for fs in fields.values() for f in fs)  # the global help still lists every field
 
 
 @pytest.mark.parametrize("args,text", [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from xrt.cli.main import ENVIRONMENT
+from xrt.cli.help_text import ENVIRONMENT
 from xrt.config import XrtConfig
 from xrt.reflect import walk
 
@@ -80,7 +80,7 @@ DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core", "nixl_cu13": "nixl-cu1
 # imported only where their extra is installed (CUDA kernels, the benchmark's peer and plot, the Hub cache lookup)
 EXTRAS = {"triton": "cuda", "flashinfer": "cuda", "transformers": "bench", "matplotlib": "bench",
           "huggingface_hub": "hub", "nixl_cu13": "kv", "fastapi": "serve", "uvicorn": "serve",
-          "prometheus_client": "serve", "pydantic": "serve", "httpx": "bench"}
+          "prometheus_client": "serve", "pydantic": "serve", "httpx": "bench", "optuna": "sweep"}
 # tried before / after the kv extra's wheel (xrt/kvstore/nixl_api.py): what a GPU user installs in its place
 ALTERNATIVES = {"nixl", "nixl_cu12"}
 

@@ -79,7 +79,7 @@ def test_a_bad_prompt_after_a_good_one_queues_neither(llm: LLM) -> None:
         (["ok", ""], "prompts[1]: prompt is empty"),
         ([[3], []], "prompts[1]: prompt is empty"),
         (["ok", "a\ud800b"], "prompts[1]: not valid Unicode: lone surrogate '\\ud800' at character 1"),
-        ("\udcff", "prompt: not valid UTF-8: byte 0xff at character 0"),  # the CLI's undecodable byte
+        ("\udcff", "prompt: not valid UTF-8: byte 0xff at character 0"),  # surrogateescape: a byte, not text
     ],
 )
 def test_bad_prompts_are_refused_naming_the_prompt(llm: LLM, prompts: object, message: str) -> None:

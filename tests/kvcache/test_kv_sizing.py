@@ -3,7 +3,10 @@ scheduler can build), the page count from the config less a reserve, and the ten
 
 from __future__ import annotations
 
+import logging
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -11,7 +14,7 @@ import torch
 from xrt.config import CacheArgs, XrtConfig
 from xrt.executor.memory import profile_step
 from xrt.kvcache.device import DeviceKVCache, KVLayout, scratch_kv_cache
-from xrt.kvcache.sizing import KVReserve, leave_reserve, num_pages
+from xrt.kvcache.sizing import KVReserve, leave_reserve, num_pages, page_cap, pages_needed
 
 
 def test_profile_step_splits_the_token_budget_by_max_model_len() -> None:
@@ -70,3 +73,74 @@ def test_num_pages_from_the_config_and_the_reserve() -> None:
         leave_reserve(3, per_page, reserve)
     with pytest.raises(ValueError, match=r"^cache.kv_size_gb: 1e-09 GB holds no 1024-byte KV page"):
         num_pages(XrtConfig(cache=CacheArgs(page_size=4, kv_size_gb=1e-9)), per_page, cpu, unmeasured)
+
+
+# -- the cap on a cache sized from GPU memory (cache.max_pages_over_need), on a pretended H200 --------------
+
+H200_BYTES = 143_771_287_552  # torch.cuda.mem_get_info's total on the H200 machine (bench/results)
+
+
+def bf16_page_bytes(cfg: XrtConfig) -> int:
+    m = cfg.model
+    return m.num_hidden_layers * 2 * cfg.cache.page_size * m.num_key_value_heads * m.head_dim * 2
+
+
+@pytest.fixture
+def h200(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """A CUDA device whose memory is an idle H200's, 1 GiB in use: sizing asks only `device_used_bytes`."""
+    from xrt.kvcache import sizing
+
+    monkeypatch.setattr(sizing, "device_used_bytes", lambda device: (2**30, H200_BYTES))
+    monkeypatch.setattr(sizing, "available_bytes", lambda device: H200_BYTES - 2**30)
+    return torch.device("cuda")
+
+
+@contextmanager
+def propagating(logger: logging.Logger) -> Iterator[None]:
+    """xrt's loggers stop at `xrt` (xrt/log.py); caplog listens at the root."""
+    root = logging.getLogger("xrt")
+    old = root.propagate
+    root.propagate = True
+    try:
+        yield
+    finally:
+        root.propagate = old
+
+
+def memory_pages(cfg: XrtConfig, per_page: int) -> int:
+    return (int(H200_BYTES * cfg.cache.max_memory_utilization) - 2**30) // per_page
+
+
+def test_a_cache_sized_from_memory_is_capped_at_a_multiple_of_what_sequences_fill(
+    h200: torch.device, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = XrtConfig()  # the tiny model: max_num_seqs 256, max_model_len 1024, 16-token pages
+    per_page = bf16_page_bytes(cfg)
+    need = cfg.scheduler.max_num_seqs * -(-(cfg.model.max_model_len + 1) // cfg.cache.page_size)
+    assert pages_needed(cfg) == need == 256 * 65
+    assert memory_pages(cfg, per_page) > 100 * need  # what the budget alone would give: millions of pages
+    logger = logging.getLogger("xrt.kvcache.sizing")
+    with caplog.at_level(logging.INFO, logger=logger.name), propagating(logger):
+        assert num_pages(cfg, per_page, h200, lambda: 0) == page_cap(cfg) == 4 * need
+    assert f"capped at {4 * need} pages" in caplog.text
+    assert "cache.max_pages_over_need=4 x the 16640 pages 256 sequences of 1024 tokens fill" in caplog.text
+    half = XrtConfig(cache=CacheArgs(max_pages_over_need=0.5))
+    assert num_pages(half, per_page, h200, lambda: 0) == need // 2
+    uncapped = XrtConfig(cache=CacheArgs(max_pages_over_need=0))
+    assert page_cap(uncapped) is None and num_pages(uncapped, per_page, h200, lambda: 0) == memory_pages(cfg, per_page)
+    # a reserve comes out of memory, not out of the cap
+    reserve = KVReserve(10 * per_page, "the prefill graphs", "no room")
+    assert num_pages(cfg, per_page, h200, lambda: 0, lambda: reserve) == 4 * need
+    # a size the user gives is theirs
+    fixed = XrtConfig(cache=CacheArgs(num_pages=50 * need))
+    assert num_pages(fixed, per_page, h200, lambda: 0) == 50 * need
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-8b"])
+def test_real_shapes_fill_an_h200_before_the_cap(h200: torch.device, model: str) -> None:
+    from xrt.config.compose import load_config
+
+    cfg = load_config([f"model={model}", "model.load_format=dummy"])
+    per_page = bf16_page_bytes(cfg)
+    assert page_cap(cfg) * per_page > H200_BYTES  # 4 x their need is more than the whole GPU
+    assert num_pages(cfg, per_page, h200, lambda: 0) == memory_pages(cfg, per_page)

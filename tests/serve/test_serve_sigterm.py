@@ -1,5 +1,6 @@
 """`python -m xrt serve` as a process: SIGTERM stops accepting at once, lets the request in flight finish within
-serve.grace_period_s (or cancels it when the grace period ends first), and exits 0."""
+serve.grace_period_s (or cancels it when the grace period ends first), and exits 0; a problem before serving is
+one `error:` line and exit 2."""
 
 from __future__ import annotations
 
@@ -91,3 +92,25 @@ def test_sigterm_cancels_what_the_grace_period_does_not_cover_and_exits_0(xrt_ca
         assert json.loads(got[-3][len("data: "):])["choices"][0]["finish_reason"] == "abort"
         assert json.loads(got[-2][len("data: "):])["usage"]["completion_tokens"] < 1000
     assert not any("Traceback" in line for line in lines)
+
+
+@pytest.mark.parametrize("override,text", [
+    ("serve.port=99999", "error: serve.port: must be in [0, 65535], got 99999"),
+    ("serve.port=http", "error: serve.port: must be an integer, got 'http'"),
+    ("serve.max_queued=-1", "error: serve.max_queued: must be >= 0, got -1"),
+    ("serve.port=TAKEN", "error: serve.host / serve.port: cannot listen on 127.0.0.1:TAKEN: "),  # before the model
+])
+def test_start_up_problems_are_one_error_line(xrt_cache_dir: str, override: str, text: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        env = {**os.environ, "XRT_CACHE_DIR": xrt_cache_dir, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env.pop("XRT_DEBUG", None)
+        r = subprocess.run([sys.executable, "-m", "xrt", "serve", "serve.host=127.0.0.1", "device=cpu",
+                            override.replace("TAKEN", port)], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(text.replace("TAKEN", port))

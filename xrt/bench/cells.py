@@ -33,6 +33,23 @@ def row_labels(records: list[Record]) -> list[str]:
     ]
 
 
+def label_order(label: str) -> tuple[tuple[str, int, float, str], ...]:
+    """A row label's sort key: its words in turn, a `field=value` whose value is a number compared as a number
+    (`scheduler.max_num_seqs=8` before `=16`, as text would not), numbers before text for one field."""
+    return tuple(_word_order(word) for word in label.split(" "))
+
+
+def _word_order(word: str) -> tuple[str, int, float, str]:
+    name, eq, value = word.partition("=")
+    if not eq:
+        return (name, 1, 0.0, "")
+    try:
+        number = float(value)
+    except ValueError:
+        return (name, 1, 0.0, value)
+    return (name, 1, 0.0, value) if number != number else (name, 0, number, "")  # nan: as text
+
+
 def ms(x: Any) -> str:
     return "–" if x is None else f"{x:.3f}" if x < 10 else f"{x:.2f}" if x < 100 else f"{x:.1f}"
 

@@ -9,9 +9,10 @@ engine (cache.tiers set, everything else from the config; L2 in bench-l2 under c
 empty at the start and removed after), after bench.warmup untimed requests of an unrelated prompt. Per setting:
 requests/s and tokens/s over the wall time of all rounds, mean TTFT (add_request to first token, queueing in
 the round included) and TPOT, the prompt tokens each tier served, the working set (clients x final history)
-against the GPU KV and L1 + L2 capacities in tokens, whether the outputs equal the first setting's (greedy:
-they should; on a GPU a prefix recomputed in one prefill instead of attended from pages may round differently),
-and the throughput ratio to the first setting. bench.iters does not apply: each setting runs once."""
+against the device's KV pages (GPU KV, CPU KV) and L1 + L2, in tokens and bytes, whether the outputs equal the
+first setting's (greedy: they should; on a GPU a prefix recomputed in one prefill instead of attended from pages
+may round differently), and the throughput ratio to the first setting. bench.iters does not apply: each setting
+runs once."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from xrt.bench.environment import adjusted, config_dict, environment, scenario_h
 from xrt.bench.latency import build_engine, kv_pages
 from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
+from xrt.bench.tier_table import device_kv_name
 from xrt.bench.tiers import (
     TIERS,
     StepTimes,
@@ -52,7 +54,7 @@ from xrt.bench.tiers import (
 from xrt.bench.workload import WARMUP_REP
 from xrt.config import KVTiers, XrtConfig
 from xrt.executor.device import resolve_device
-from xrt.units import GB
+from xrt.units import GB, decimal_size
 
 WARMUP_TOKENS = 8  # generated per warm-up request
 
@@ -217,12 +219,23 @@ def _run_setting(
     }
     log_line(
         progress,
-        f"multiturn {tiers.value}: working set {rec['working_set_tokens']} tokens, GPU KV "
-        f"{rec['gpu_kv_tokens']}, L1 + L2 {l1 + l2}; prompt tokens from "
+        f"multiturn {tiers.value}: working set {tokens_and_size(rec['working_set_tokens'], bytes_per_token)}, "
+        f"{device_kv(cfg)} {tokens_and_size(rec['gpu_kv_tokens'], bytes_per_token, f'{num_pages} pages, ')}, "
+        f"L1 + L2 {tokens_and_size(l1 + l2, bytes_per_token)}; prompt tokens from "
         + ", ".join(f"{t} {served[t]}" for t in TIERS)
         + f", computed {rec['computed_prompt_tokens']}",
     )
     return rec, outputs
+
+
+def device_kv(cfg: XrtConfig) -> str:
+    """The KV pages of the device the model runs on, named for it: `GPU KV` on CUDA, `CPU KV` on CPU."""
+    return device_kv_name(resolve_device(cfg).type)
+
+
+def tokens_and_size(tokens: int, bytes_per_token: int, more: str = "") -> str:
+    """`480 tokens (0.37 MB)`: a KV capacity in tokens and in bytes (`more` comes first in the brackets)."""
+    return f"{tokens} tokens ({more}{decimal_size(tokens * bytes_per_token)})"
 
 
 def _summary_line(progress: Progress, r: Record) -> None:

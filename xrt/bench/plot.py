@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
+from xrt.bench.cells import label_order
 from xrt.bench.figure import new_figure, save_figure, style_axes
 from xrt.bench.results import Record
 from xrt.bench.table import latency_groups
@@ -38,7 +39,7 @@ def write_plot(records: list[Record], path: Path) -> bool:
         xllm = load_xllm() if (input_len, output_len) == (XLLM_INPUT_LEN, XLLM_OUTPUT_LEN) else {}
         xb = sorted(xllm)
         for ax, metric in ((ax_tpot, "tpot"), (ax_ttft, "ttft")):
-            for label in sorted({r["label"] for r in rows}):
+            for label in sorted({r["label"] for r in rows}, key=label_order):
                 mine = [r for r in rows if r["label"] == label]
                 ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {label}")
             peer_rows = {r["batch"]: r for r in rows if r.get(f"peer_{metric}_ms") is not None}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from xrt.bench.anchors import XLLM_INPUT_LEN, XLLM_OUTPUT_LEN, load_xllm
-from xrt.bench.cells import ms, row_labels, spread
+from xrt.bench.cells import label_order, ms, row_labels, spread
 from xrt.bench.kernels.table import render_kernels
 from xrt.bench.results import Record
 from xrt.bench.serve_table import render_serve
@@ -18,7 +18,7 @@ LatencyKey = tuple[str, int, int, str, str]
 
 def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
     """Rows per (model, lengths, dtype, device), each with a "label" (executor and swept fields); the
-    last line per (label, batch) wins; sorted by label then batch."""
+    last line per (label, batch) wins; sorted by label (numbers as numbers) then batch."""
     groups: dict[LatencyKey, list[Record]] = {}
     for r in records:
         if r.get("scenario") == "latency":
@@ -27,7 +27,7 @@ def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
     out: dict[LatencyKey, list[Record]] = {}
     for key, rs in groups.items():
         rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, row_labels(rs), strict=True)}
-        out[key] = [rows[x] for x in sorted(rows)]
+        out[key] = [rows[x] for x in sorted(rows, key=lambda lb: (label_order(lb[0]), lb[1]))]
     return out
 
 

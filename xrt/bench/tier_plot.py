@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xrt.bench.cells import label_order
 from xrt.bench.figure import style_axes
 from xrt.bench.results import Record
 from xrt.bench.tier_table import PREFIX_PHASES, multiturn_groups, prefix_groups
@@ -23,7 +24,7 @@ def tier_rows(records: list[Record]) -> list[tuple[str, Any, list[Record]]]:
 def draw_prefix(key: Any, rows: list[Record], ax_ms: Any, ax_frac: Any) -> None:
     model, dtype, dev = key
     lens = sorted({r["prefix_len"] for r in rows})
-    for label in sorted({r["label"] for r in rows}):
+    for label in sorted({r["label"] for r in rows}, key=label_order):
         mine = sorted((r for r in rows if r["label"] == label), key=lambda r: r["prefix_len"])
         many = len({r["label"] for r in rows}) > 1
         for phase, name in PREFIX_PHASES:

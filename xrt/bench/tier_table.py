@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xrt.bench.cells import ms, row_labels, spread
+from xrt.bench.cells import label_order, ms, row_labels, spread
 from xrt.bench.results import Record
 
 PREFIX_PHASES = (
@@ -38,7 +38,7 @@ MULTITURN_KEY = ("model", "clients", "rounds", "turn_len", "output_len", "dtype"
 def prefix_groups(records: list[Record]) -> dict[GroupKey, list[Record]]:
     """Rows per (model, dtype, device), sorted by label then prefix length."""
     groups = _grouped(records, "prefix", PREFIX_KEY, "prefix_len")
-    return {k: sorted(v, key=lambda r: (r["label"], r["prefix_len"])) for k, v in groups.items()}
+    return {k: sorted(v, key=lambda r: (label_order(r["label"]), r["prefix_len"])) for k, v in groups.items()}
 
 
 def multiturn_groups(records: list[Record]) -> dict[GroupKey, list[Record]]:
@@ -132,9 +132,15 @@ def _steps(steps: Any) -> str:
             f"({steps['decode_steps']}, {steps['decode_batch_mean']:.1f})")
 
 
+def device_kv_name(device_type: str) -> str:
+    """The KV pages of the device the model runs on, named for it (the tiers below are L1 and L2)."""
+    return {"cuda": "GPU KV", "cpu": "CPU KV"}.get(device_type, "device KV")
+
+
 def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
     model, clients, rounds, turn_len, output_len, dtype, dev = key
     head = rows[0]
+    kv = device_kv_name(str(head.get("device", "")).partition(":")[0])
     lines = [
         f"## Multiturn: {model}, {clients} clients x {rounds} rounds, turn {turn_len}, output {output_len}, "
         f"{dtype}, {dev}",
@@ -144,7 +150,8 @@ def _multiturn_table(key: GroupKey, rows: list[Record]) -> list[str]:
         "",
         "| label | tiers | requests/s | × first | tokens/s | output tokens/s | TTFT ms | TPOT ms "
         "| prefill s (steps) | decode s (steps, mean batch) "
-        "| prompt tokens gpu / l1 / l2 / computed | preempted | working set | GPU KV | L1 + L2 | outputs |",
+        f"| prompt tokens gpu / l1 / l2 / computed | preempted | working set tokens | {kv} tokens | L1 + L2 tokens "
+        "| outputs |",
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:

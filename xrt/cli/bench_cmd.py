@@ -33,8 +33,8 @@ def sweep_job(cfg: XrtConfig, job: SweepJob) -> tuple[int, float | None]:
 
     # The job's directory, so jobs running side by side never share a results.jsonl.
     cfg = attrs.evolve(cfg, bench=attrs.evolve(cfg.bench, out_dir=str(job.job_dir)))
-    total = f"/{job.num_jobs}" if job.num_jobs else ""
-    rc, records = run_job(cfg, label=f"job {job.num + 1}{total}", peers=PeerCache(job.sweep_dir / PEER_CACHE),
+    total = f" of {job.num_jobs}" if job.num_jobs else ""
+    rc, records = run_job(cfg, label=f"job #{job.num}{total}", peers=PeerCache(job.sweep_dir / PEER_CACHE),
                           sweep={"job": job.num, "overrides": job.overrides})
     metric = cfg.bench.objective_metric()
     return rc, objective_value(objective_records(cfg, records), metric) if metric is not None and rc == 0 else None

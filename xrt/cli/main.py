@@ -13,13 +13,13 @@ import traceback
 
 import attrs
 
+from xrt.cli.help_text import COMMANDS, USAGE
 from xrt.cli.prompt_args import (
     PROMPT_COMMANDS,
     PromptArgError,
     check_positional,
     is_override,
     prompt_overrides,
-    strings_help,
 )
 from xrt.config import XrtConfig
 from xrt.distributed.errors import WorkerFailed
@@ -27,32 +27,9 @@ from xrt.log import set_level
 from xrt.reflect import ConfigError
 from xrt.reflect.suggest import did_you_mean
 
-COMMANDS = {
-    "run": "generate from `prompt` (or `prompts_file`) with the configured model",
-    "bench": "measure TTFT/TPOT per batch (conf/bench.yaml; sweep with -m); `bench report DIR`: a sweep's table",
-    "profile": "where a step's time goes: per-kernel GPU time and host overhead (profile.*; bench config)",
-    "serve": "OpenAI-compatible HTTP server",
-    "config": "show|validate|schema|fields: print or check the composed config",
-}
 DEFAULT_CONFIG = {"bench": "bench", "profile": "bench"}
-USAGE = ("usage: python -m xrt {run,bench,profile,serve,config} [-m] [-v|-q] [--config-name NAME] [key=value ...]"
-         " [PROMPT|-]")
 # -v / -q are the log_level field: appended as its override, so `config show` prints the level a run uses.
 LOG_FLAGS = {"-v": "debug", "--verbose": "debug", "-q": "warning", "--quiet": "warning"}
-# Every environment variable xrt reads (behaviour switches are config fields, not variables).
-ENVIRONMENT = {
-    "XRT_DEBUG": "1: tracebacks for config and input errors",
-    "XRT_CACHE_DIR": "where the tiny checkpoint is made, and L2 KV chunks without cache.l2.path "
-                     "(default $XDG_CACHE_HOME/xrt or ~/.cache/xrt)",
-    "XRT_CONF_DIR": "a conf/ directory used instead of the shipped one",
-    "XRT_GIT_COMMIT": "bench: the commit recorded with results (a tree copied without .git)",
-    "TRITON_INTERPRET": "1: Triton kernels run in the interpreter (CPU tests); PDL is off",
-    "RANK": "set by torchrun: this process's rank (log prefixes; a rank other than 0 serves rank 0's steps)",
-    "WORLD_SIZE": "set by torchrun: the number of ranks (must equal parallel.tp); with RANK, xrt spawns no workers",
-    "LOCAL_RANK": "set by torchrun: the CUDA device of this rank on its host",
-    "LOCAL_WORLD_SIZE": "set by torchrun: the ranks on this host (cache.l1.size_gb is checked for each of them)",
-    "NIXL_LOG_LEVEL": "NIXL's log level (cache=l1_l2; default here: WARN, on stderr)",
-}
 
 
 class UsageError(Exception):
@@ -116,6 +93,8 @@ def _main(args: list[str]) -> int:
     if not args:
         raise UsageError("no command given")
     if args[0] in ("-h", "--help"):
+        from xrt.cli.help_text import full_help
+
         print(full_help())
         return 0
     if args[0] == "--version":
@@ -129,7 +108,9 @@ def _main(args: list[str]) -> int:
         return report(args[2:])
     inv = parse_args(args)
     if inv.help:
-        print(full_help(inv.command))
+        from xrt.cli.help_text import command_help
+
+        print(command_help(inv.command))
         return 0
     if inv.command == "config":
         return _config(inv)
@@ -266,41 +247,6 @@ def _compose_one(overrides: list[str], config_name: str) -> XrtConfig:
     from xrt.config.compose import load_config
 
     return load_config(overrides, config_name=config_name)
-
-
-def full_help(command: str | None = None) -> str:
-    from xrt.cli.config_cmd import ACTIONS, fields
-    from xrt.config.compose import config_names, group_options, unbuilt_options
-
-    lines = [USAGE, "", "commands:"]
-    lines += [f"  {name:<8} {text}" for name, text in COMMANDS.items()]
-    if command == "config":
-        lines += ["", "xrt config actions:"] + [f"  {a:<8} {t}" for a, t in ACTIONS.items()]
-    lines += [
-        "",
-        "options:",
-        "  -m, --multirun       Hydra's multirun: `executor=eager,cudagraph bench.batch=1,8` runs one job per",
-        "                       combination; hydra/launcher=joblib|submitit_local|submitit_slurm, hydra/sweeper=optuna",
-        "                       (the `sweep` extra), hydra.sweep.dir=DIR (bench: <bench.out_dir>/<date>_<time>)",
-        f"  --config-name NAME   primary config in conf/ ({', '.join(config_names())}); bench uses `bench`",
-        "  -v, --verbose        debug log lines (= log_level=debug)",
-        "  -q, --quiet          warnings and errors only (= log_level=warning)",
-        "  --json               config show: JSON instead of YAML",
-        "  -h, --help           this help",
-        "",
-        "overrides (Hydra syntax): key=value, group=option, key=[a,b] (list), +key=value (add), ~key (delete)",
-        *strings_help(),
-        "",
-        "groups:",
-    ]
-    unbuilt = unbuilt_options()
-    lines += [
-        f"  {g:<10} {', '.join(o + (' (not built yet)' if (g, o) in unbuilt else '') for o in opts)}"
-        for g, opts in group_options().items()
-    ]
-    lines += ["", "fields:", fields(), "", "environment (read by xrt; every behaviour switch is a field above):"]
-    lines += [f"  {name:<18} {text}" for name, text in ENVIRONMENT.items()]
-    return "\n".join(lines)
 
 
 def _debug_traceback() -> None:

@@ -64,6 +64,12 @@ class SweepTask:
     outputs: dict[int, str] = attrs.Factory(dict)  # run: a job's `output` where jobs would share one file
 
     def __call__(self, cfg: Any) -> float | None:
+        from xrt.cli.job_log import job_log
+
+        with job_log():
+            return self._run(cfg)
+
+    def _run(self, cfg: Any) -> float | None:
         from hydra.core.hydra_config import HydraConfig
 
         from xrt.log import set_level
@@ -123,7 +129,7 @@ class Planned:
 
 def planned(command: str, overrides: list[str], config_name: str) -> Planned:
     """The sweep's plan and every job's checked config (for a sampling sweeper: the values it may pick).
-    Raises `ConfigError` with every problem, each job's marked `[job i of n]`."""
+    Raises `ConfigError` with every problem, each job's marked `[job #i of n]` (Hydra's job.num, from 0)."""
     from xrt.cli.paths import separate_outputs, sweep_problems
     from xrt.config.compose import compose_overrides
     from xrt.config.sweep import plan_sweep
@@ -147,6 +153,7 @@ def planned(command: str, overrides: list[str], config_name: str) -> Planned:
 
 def main(command: str, overrides: list[str], config_name: str) -> int:
     """Check every job, then run the multirun; the first failed job's status (0 when all succeeded)."""
+    from xrt.cli.job_log import sweep_logging
     from xrt.config.hydra_app import hydra_app
 
     p = planned(command, overrides, config_name)
@@ -156,7 +163,7 @@ def main(command: str, overrides: list[str], config_name: str) -> int:
     task = SweepTask(command, plan.num_jobs, outputs)
     status = 0
     try:
-        with hydra_app(command) as app, _logging_restored():
+        with hydra_app(command) as app, _logging_restored(), sweep_logging(plan.sweeper):
             try:
                 app.multirun(config_name, task, plan.overrides, with_log_configuration=True)
             except JobFailed as e:
@@ -238,7 +245,7 @@ def raise_all(
     found: list[list[Problem]], jobs: list[list[str]], numbered: bool, sweep: list[Problem] | None = None
 ) -> None:
     """Every job's problems, then the sweep's own, as one `ConfigError`; a problem of some jobs only (of an
-    enumerated sweep of more than one) says which: `[job 2, 3 of 4]`."""
+    enumerated sweep of more than one) says which by Hydra's job number: `[job #1, #2 of 4]`."""
     if not any(found) and not sweep:
         return
     if not numbered or len(jobs) == 1:
@@ -246,7 +253,7 @@ def raise_all(
     where: dict[Problem, list[str]] = {}
     for i, ps in enumerate(found):
         for p in ps:
-            where.setdefault(p, []).append(str(i + 1))
+            where.setdefault(p, []).append(f"#{i}")
     raise ConfigError([
         *((path, msg if len(ids) == len(jobs) else f"{msg} [job {', '.join(ids)} of {len(jobs)}]")
           for (path, msg), ids in where.items()),
@@ -255,8 +262,9 @@ def raise_all(
 
 
 def job_label(i: int, n: int, job: list[str], numbered: bool = True) -> str:
-    what = "job" if numbered else "values"
-    return f"{what} {i + 1}/{n}: {' '.join(_shown(o) for o in job) if job else '(defaults)'}"
+    # Jobs by Hydra's job.num (from 0, as `[HYDRA] #0`); a sampling sweeper's values are no jobs yet.
+    what = f"job #{i} of {n}" if numbered else f"values {i + 1}/{n}"
+    return f"{what}: {' '.join(_shown(o) for o in job) if job else '(defaults)'}"
 
 
 def _shown(override: str) -> str:

@@ -128,19 +128,20 @@ CHECKS: dict[str, Callable[[XrtConfig], list[Problem]]] = {"run": run_problems, 
 
 
 def separate_outputs(cfgs: list[XrtConfig]) -> list[XrtConfig]:
-    """Jobs of a sweep that would all write one `output` file each get their own, numbered as the jobs
-    are printed: o.jsonl -> o.1.jsonl, o.2.jsonl (zero-padded past 9 jobs). Jobs whose outputs already
+    """Jobs of a sweep that would all write one `output` file each get their own, numbered by Hydra's job
+    number (job.num, from 0, as `[HYDRA] #0` and every job mark print it): o.jsonl -> o.0.jsonl, o.1.jsonl
+    (zero-padded past 10 jobs). Jobs whose outputs already
     differ (`-m output=a.jsonl,b.jsonl`) keep them. (A bench sweep's jobs write under hydra.sweep.dir.)"""
     by_path: dict[str, list[int]] = {}
     for i, cfg in enumerate(cfgs):
         if cfg.output:
             by_path.setdefault(os.path.abspath(input_path(cfg.output)), []).append(i)
-    width = len(str(len(cfgs)))
+    width = len(str(max(len(cfgs) - 1, 0)))
     out = list(cfgs)
     for ids in by_path.values():
         if len(ids) > 1:
             for i in ids:
-                out[i] = attrs.evolve(cfgs[i], output=numbered(cfgs[i].output, i + 1, width))
+                out[i] = attrs.evolve(cfgs[i], output=numbered(cfgs[i].output, i, width))
     return out
 
 
@@ -160,8 +161,8 @@ def sweep_problems(cfgs: list[XrtConfig]) -> list[list[Problem]]:
             continue
         earlier = next((j for j in range(i) if outputs[j] == path), None)
         if earlier is not None:  # reported once, on the later job
-            found[i].append(("output", f"{cfgs[i].output!r} is written by job {earlier + 1} too"))
-        readers = [str(j + 1) for j, p in enumerate(prompts) if p == path and j != i]
+            found[i].append(("output", f"{cfgs[i].output!r} is written by job #{earlier} too"))
+        readers = [f"#{j}" for j, p in enumerate(prompts) if p == path and j != i]
         if readers:
             found[i].append(("output", f"{cfgs[i].output!r} is the prompts_file of job {', '.join(readers)}"))
     return found

@@ -93,8 +93,8 @@ def strings_help() -> list[str]:
         "outputs: `output` is checked before a model loads (an existing, writable directory; not the",
         "  prompts_file; an existing file only with output_overwrite=true); run writes each result there as it",
         "  finishes (JSONL, completion order, flushed) and prints it; stream=true prints tokens as they arrive.",
-        "  In a sweep, jobs sharing output=o.jsonl write o.1.jsonl, o.2.jsonl, ... (job numbers as printed);",
-        "  bench jobs sharing bench.out_dir append to one results.jsonl and table (the first job starts it afresh).",
+        "  In a sweep, jobs sharing output=o.jsonl write o.0.jsonl, o.1.jsonl, ... (Hydra's job numbers, #0 first);",
+        "  a bench sweep's jobs write <hydra.sweep.dir>/<job number>/results.jsonl, joined at its end (SWEEPS.md).",
     ]
 
 

@@ -103,6 +103,14 @@ class CacheArgs:
     num_pages: int = field(
         0, help="explicit number of KV pages; 0: derive from memory", validator=[ge(0), le(INT32_MAX)]
     )
+    max_pages_over_need: float = field(
+        4.0,
+        help="when the KV cache is sized from GPU memory (max_memory_utilization): at most this many times the "
+        "pages scheduler.max_num_seqs sequences of model.max_model_len tokens fill. Pages beyond what running "
+        "sequences use only hold prefix-cache entries, and millions of them (a tiny model on a large GPU) take "
+        "seconds to allocate and zero; 0: no cap. num_pages and kv_size_gb are never capped",
+        validator=ge(0),
+    )
     prefix_caching: bool = field(True, help="reuse KV pages of identical prompt prefixes")
     tiers: KVTiers = field(KVTiers.GPU, help="KV tiers below the GPU pages: gpu (none), l1 (host memory), "
                            "l1_l2 (and storage through NIXL); needs prefix_caching")

@@ -99,6 +99,11 @@ class LLMEngine:
         self._ids = itertools.count()
         # executor.overlap=false turns overlapping off, to measure what it buys.
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
+        sc = cfg.scheduler
+        log.debug(f"engine: at most {sc.max_num_seqs} sequences and {sc.max_batched_tokens} tokens a step, chunked "
+                  f"prefill {'on' if sc.chunked_prefill else 'off'}, prefix caching "
+                  f"{'on' if cfg.cache.prefix_caching else 'off'}, overlapped decode {'on' if self._overlap else 'off'}"
+                  f", max_model_len {self.max_model_len}, tokenizer {'none' if tokenizer is None else 'loaded'}")
         self._inflight: deque[Launch] = deque()
         self._queued: list[Sequence] = []  # queued since the last step was scheduled (a tier may read ahead)
         self._live: dict[int, Sequence] = {}  # by request id, until taken finished: what abort() finds

@@ -10,6 +10,7 @@ import functools
 import importlib
 import math
 import os
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,7 +38,7 @@ from xrt.kvcache.plan import TierPlan
 from xrt.kvcache.sizing import KVReserve, num_pages
 from xrt.layers.attention import PagedAttention
 from xrt.layers.options import LayerOptions
-from xrt.log import set_level
+from xrt.log import get_logger, set_level
 from xrt.models.checkpoint import resolve_checkpoint
 from xrt.models.errors import CheckpointError, TensorError
 from xrt.models.hf_config import check_shape_keys
@@ -47,9 +48,12 @@ from xrt.models.registry import DEFAULT_ARCHITECTURE, architecture_of, model_cla
 from xrt.ops.collectives import min_over_ranks
 from xrt.ops.parallel_state import TPState, init_tp
 from xrt.reflect import hf_values
+from xrt.units import GiB
 
 if TYPE_CHECKING:  # the tiers (and NIXL) load only with cache.tiers set
     from xrt.kvstore.agent import TierAgent
+
+log = get_logger(__name__)
 
 KVReady = tuple[torch.cuda.Event | None, ...]  # per layer (xrt.kvcache.device.KVArrivals.take)
 
@@ -80,7 +84,9 @@ class ModelRunner:
         # A sequence may reach max_model_len + 1 KV slots (the token generated at the limit is written).
         self.max_pages_per_seq = -(-(self.max_model_len + 1) // self.page_size)
         self.checkpoint_dir = resolve_checkpoint(cfg.model)
+        started = time.perf_counter()
         self.model = self._build_model()
+        self._log_model(time.perf_counter() - started)
         self.vocab_size = cfg.model.vocab_size
         # Most sequences one launch_decode takes (greedy decode graphs with argmax inside); 0: none.
         self.decode_capacity = 0
@@ -95,8 +101,22 @@ class ModelRunner:
         prefill_shapes = PrefillShapes.from_args(cfg.executor) if graphs and cfg.executor.prefill_graph else None
         self.num_pages = self._size_kv_cache(prefill_shapes)
         self.kv_cache = self._allocate_kv_cache()
+        log.debug(f"KV cache: {self.num_pages} pages of {self.page_size} tokens ({self.num_pages * self.page_size} "
+                  f"tokens, {self.num_pages * self.kv_layout.bytes_per_page / GiB:.3f} GiB, "
+                  f"{self.kv_layout.bytes_per_page} B/page) on {self.device}; attention "
+                  f"{type(self.backend).__name__}; executor {cfg.executor.kind.value}")
         if graphs:
             self._build_graphs(capture or CudaGraphCapture(self.device), prefill_shapes)
+
+    def _log_model(self, seconds: float) -> None:
+        """-v: what was built, from where, and what it costs, also at tp=1 (where the rest of start-up logs nothing
+        on CPU)."""
+        params = list(self.model.parameters())
+        count, nbytes = sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+        source = str(self.checkpoint_dir) if self.checkpoint_dir else f"dummy weights (seed {self.cfg.seed})"
+        rank = f", rank {self.tp_state.rank} of {self.tp_state.size}" if self.tp_state.size > 1 else ""
+        log.debug(f"model: {self.cfg.model.name}, {count / 1e6:.1f}M parameters ({nbytes / GiB:.3f} GiB), "
+                  f"{str(self.dtype).removeprefix('torch.')} on {self.device}{rank}, from {source} in {seconds:.2f} s")
 
     def _bind_attention(self, graphs: bool) -> None:
         self.attention_layers = sorted(

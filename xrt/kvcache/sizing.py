@@ -5,7 +5,9 @@ weights (and everything else already resident) and the peak activations of the l
 either way, less what something built after the cache reserves (the prefill CUDA graphs' memory pool and
 buffers). A cache the user sized (`cache.num_pages`, or `cache.kv_size_gb` on CPU) must fit the memory available
 now, checked before allocating, so a too-large one is one line naming the field rather than an allocator error
-(or, with overcommit, the OOM killer)."""
+(or, with overcommit, the OOM killer). A cache sized from GPU memory is capped at cache.max_pages_over_need times
+the pages the running sequences can fill: beyond those, pages only hold prefix-cache entries, and a tiny model on
+an H200 would otherwise get 21.8M pages (125 GiB, ~30 s to start)."""
 
 from __future__ import annotations
 
@@ -43,8 +45,10 @@ def num_pages(cfg: XrtConfig, bytes_per_page: int, device: torch.device, peak_by
     if cache.num_pages:
         check_fits(cache.num_pages, bytes_per_page, device, "cache.num_pages", f"{cache.num_pages} pages")
         return cache.num_pages
+    cap = None
     if device.type == "cuda":
         pages = cuda_num_pages(cfg, device, bytes_per_page, peak_bytes())
+        cap = page_cap(cfg)
     else:
         pages = math.floor(cache.kv_size_gb * GB / bytes_per_page)
         check_fits(pages, bytes_per_page, device, "cache.kv_size_gb", f"{cache.kv_size_gb} GB")
@@ -53,7 +57,22 @@ def num_pages(cfg: XrtConfig, bytes_per_page: int, device: torch.device, peak_by
             f"cache.kv_size_gb: {cache.kv_size_gb} GB holds no {bytes_per_page}-byte KV page; "
             f"raise it or set cache.num_pages"
         )
-    return pages if reserve is None else leave_reserve(pages, bytes_per_page, reserve())
+    pages = pages if reserve is None else leave_reserve(pages, bytes_per_page, reserve())
+    # After the reserve: what is built after the cache comes out of memory; the cap only bounds what the cache keeps.
+    return pages if cap is None else min(pages, cap)
+
+
+def pages_needed(cfg: XrtConfig) -> int:
+    """The pages scheduler.max_num_seqs sequences of model.max_model_len tokens fill (each may reach max_model_len + 1
+    KV slots, in whole pages): the most the running sequences can hold at once."""
+    per_seq = -(-(cfg.model.max_model_len + 1) // cfg.cache.page_size)
+    return cfg.scheduler.max_num_seqs * per_seq
+
+
+def page_cap(cfg: XrtConfig) -> int | None:
+    """The most pages a cache sized from GPU memory gets (cache.max_pages_over_need x `pages_needed`); None: no cap."""
+    factor = cfg.cache.max_pages_over_need
+    return math.ceil(factor * pages_needed(cfg)) if factor > 0 else None
 
 
 def check_fits(pages: int, bytes_per_page: int, device: torch.device, field: str, given: str) -> None:
@@ -161,11 +180,17 @@ def cuda_num_pages(cfg: XrtConfig, device: torch.device, bytes_per_page: int, pe
     kv_bytes = budget - used - peak
     pages = kv_bytes // bytes_per_page if kv_bytes > 0 else 0
     page_size = cfg.cache.page_size
+    cap = page_cap(cfg)
+    capped = ""
+    if cap is not None and pages > cap:
+        capped = (f"; capped at {cap} pages ({cap * bytes_per_page / GiB:.2f} GiB): cache.max_pages_over_need="
+                  f"{cfg.cache.max_pages_over_need:g} x the {pages_needed(cfg)} pages {cfg.scheduler.max_num_seqs} "
+                  f"sequences of {cfg.model.max_model_len} tokens fill")
     log.info(
         f"KV cache: {util:.2f} x {total / GiB:.1f} GiB = {budget / GiB:.2f} GiB; in use after weights "
         f"{used / GiB:.2f} GiB; peak activations {peak / GiB:.2f} GiB "
         f"({cfg.scheduler.max_batched_tokens}-token prefill); KV {max(kv_bytes, 0) / GiB:.2f} GiB = {pages} pages "
-        f"of {page_size} tokens ({pages * page_size} tokens, {bytes_per_page} B/page)"
+        f"of {page_size} tokens ({pages * page_size} tokens, {bytes_per_page} B/page){capped}"
     )
     if pages < 1:
         raise ValueError(

@@ -32,7 +32,12 @@ def help_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
 
 
 def help_table(cls: type, prefix: str = "") -> str:
-    rows = [("field", "type", "default", "help"), *help_rows(cls, prefix)]
+    return format_rows(help_rows(cls, prefix))
+
+
+def format_rows(body: list[tuple[str, str, str, str]]) -> str:
+    """`help_rows` (or a selection of them) as the aligned table, with its header."""
+    rows = [("field", "type", "default", "help"), *body]
     # Long defaults (lists) would push the help column off screen; cap the column they widen.
     widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((48, 32, 24))]
     lines = []
