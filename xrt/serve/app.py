@@ -209,32 +209,41 @@ async def _collect(job: Job) -> list[RequestOutput]:
 async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator[str]:
     """The SSE events of a streamed request: each choice's text as it comes (a chat choice opens with its role), with
     the logprobs of its tokens when it asked, its finish reason on its last chunk, usage last when asked for
-    (`stream_options.include_usage`), `[DONE]`."""
+    (`stream_options.include_usage`), `[DONE]`. The deltas already waiting on the job's queue go out in one write,
+    each still its own event: a stream that fell behind the engine (hundreds of streams on one event loop) catches up
+    in one pass through the ASGI stack instead of one per step."""
     outputs: list[RequestOutput | None] = [None] * len(job.choices)
     opened: set[int] = set()
     left = len(job.choices)
     while left:
-        index, item = await job.queue.get()
-        if isinstance(item, EngineFailed):
-            yield event(error_body(500, f"engine error: {item}"))
-            return
-        if shapes.chat and index not in opened:
-            opened.add(index)
-            yield shapes.chunk(index, None, role=True)
-        if item.output is None:
-            # A chunk for every step's tokens, even when their text is held back (an incomplete UTF-8 sequence, a
-            # possible stop string) or there is none (a checkpoint without a tokenizer): clients time tokens by
-            # chunks, and a long silence would read as one late token.
-            if item.token_ids or item.logprobs:
-                yield shapes.chunk(index, item.text, logprobs=item.logprobs)
-            continue
-        left -= 1
-        outputs[index] = item.output
-        text = item.text or (None if shapes.chat and not item.logprobs else "")
-        yield shapes.chunk(index, text, openai_finish_reason(item.output.finish_reason), logprobs=item.logprobs)
-    if shapes.include_usage:
-        yield shapes.usage_chunk([o for o in outputs if o is not None], prepared.n)
-    yield DONE
+        batch = [await job.queue.get()]
+        while not job.queue.empty():
+            batch.append(job.queue.get_nowait())
+        texts: list[str] = []
+        for index, item in batch:
+            if isinstance(item, EngineFailed):
+                texts.append(event(error_body(500, f"engine error: {item}")))
+                yield "".join(texts)
+                return
+            if shapes.chat and index not in opened:
+                opened.add(index)
+                texts.append(shapes.chunk(index, None, role=True))
+            if item.output is None:
+                # A chunk for every step's tokens, even when their text is held back (an incomplete UTF-8 sequence,
+                # a possible stop string) or there is none (a checkpoint without a tokenizer): clients time tokens
+                # by chunks, and a long silence would read as one late token.
+                if item.token_ids or item.logprobs:
+                    texts.append(shapes.chunk(index, item.text, logprobs=item.logprobs))
+                continue
+            left -= 1
+            outputs[index] = item.output
+            text = item.text or (None if shapes.chat and not item.logprobs else "")
+            texts.append(shapes.chunk(index, text, openai_finish_reason(item.output.finish_reason),
+                                      logprobs=item.logprobs))
+        if texts:
+            yield "".join(texts)
+    tail = [shapes.usage_chunk([o for o in outputs if o is not None], prepared.n)] if shapes.include_usage else []
+    yield "".join([*tail, DONE])
 
 
 async def _disconnected(request: Request) -> None:

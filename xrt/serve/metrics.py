@@ -1,8 +1,8 @@
 """Prometheus `/metrics` through prometheus_client, in an `xrt:` namespace with vLLM's names (what dashboards,
 llm-d's gateway and Ray Serve already scrape) and a `model_name` label. Gauges are set by the engine loop after
-every step; counters and histograms as each request's deltas come out of the engine (on the engine thread, so a
-token's time is when the step that made it ended, not when a client read it). One registry per server, so two
-servers in one process (tests) do not share counters."""
+every step; counters and histograms as each step's deltas reach the event loop (xrt.serve.loop: a token's time is
+when the server can send it, the wait for that thread included, not when a client read it). One registry per
+server, so two servers in one process (tests) do not share counters."""
 
 from __future__ import annotations
 
