@@ -9,11 +9,13 @@ Each bench writes its own results under OUT/posix and OUT/obj (results.jsonl, re
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 BUCKET = "xrt-kv-bench"
+REPO = Path(__file__).resolve().parents[1]  # the xrt the bench runs: this checkout's
 DEFAULTS = ["bench.scenario=prefix", "device=cpu", "bench.prefix_lens=[1024]", "bench.iters=1", "bench.warmup=0",
             "bench.peer=none"]
 
@@ -33,10 +35,15 @@ def start_endpoint() -> tuple[object, str]:
 def run_bench(out: Path, overrides: list[str]) -> dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "xrt", "bench", *overrides, f"bench.out_dir={out}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with open(out / "bench.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=out)
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=out, env=env)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     return rows[-1]
+
+
+def _cell(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def main() -> None:
@@ -56,7 +63,7 @@ def main() -> None:
             "outputs_identical", "restored_outputs_identical", "git_commit"]
     lines = ["| L2 backend | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name, row in (("POSIX (local disk)", posix), (f"OBJ (moto on {endpoint.split(':')[0]})", obj)):
-        lines.append(f"| {name} | " + " | ".join(str(row.get(k)) for k in keys) + " |")
+        lines.append(f"| {name} | " + " | ".join(_cell(row.get(k)) for k in keys) + " |")
     table = "\n".join(lines)
     print(table)
     (out / "summary.md").write_text(table + "\n")

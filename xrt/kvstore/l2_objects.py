@@ -251,8 +251,15 @@ class ObjStore:
 
     def _drop_missing(self, want: Sequence[tuple[int, str, int]]) -> None:
         """After a failed batch: the entries whose object is gone (evicted by another process) are dropped, so
-        they do not fail the next batch too; those the store could not tell about stay."""
-        gone = [h for _, h, c in want if exists(self.client, self.bucket, self._name(h, c)) is False]
+        they do not fail the next batch too. The first object the store cannot tell about (the endpoint is
+        down) ends the asking: each HEAD then costs the SDK's retries, and the entries stay."""
+        gone: list[str] = []
+        for _, h, c in want:
+            there = exists(self.client, self.bucket, self._name(h, c))
+            if there is None:
+                break
+            if not there:
+                gone.append(h)
         if gone:
             with self._lock:
                 for h in gone:
