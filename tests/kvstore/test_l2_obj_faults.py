@@ -190,3 +190,28 @@ def test_eviction_by_size_stays_under_our_prefix(diverse_cfg: Callable[..., XrtC
     assert len(ours) == 3 and set(foreign) <= set(object_names(s3))
     keys = computed_keys([prompt + want[0]], tiers.namespace)
     assert {n.rsplit("/", 1)[1].split("-")[0] for n in ours} <= keys
+
+
+def test_an_object_deleted_by_another_process_is_dropped_after_its_failed_load(
+    diverse_cfg: Callable[..., XrtConfig], s3: S3
+) -> None:
+    """B lists A's 3 chunks, then another process deletes the middle one: B's load of the prefix fails (one
+    batch), it recomputes, finds by HEAD which object is gone and drops that entry, so its store puts the chunk
+    back (a chunk still listed would have been skipped as stored)."""
+    rng = random.Random(35)
+    shared = tokens(rng, 3 * CHUNK)
+    first, second = shared + tail(rng, 0, 5), shared + tail(rng, 1, 3)
+    want = reference(diverse_cfg, [first, second])
+    a = LLM(obj_cfg(diverse_cfg, s3))
+    assert generate_each(a, [first]) == want[:1]
+    ns = tiers_of(a).namespace
+    settle(tiers_of(a), close=True)
+    stored = bucket_chunks(s3)
+    b = LLM(obj_cfg(diverse_cfg, s3))
+    k1 = chunk_keys(shared, ns)[1].hex()
+    s3.client().delete_object(Bucket=BUCKET, Key=next(n for n in object_names(s3) if f"/{k1}-" in n))
+    assert generate_each(b, [second]) == want[1:]
+    tiers = tiers_of(b)
+    assert tiers.stats.failed_loads == 1 and tiers.stats.hit_tokens[L2] == 0
+    settle(tiers, close=True)
+    assert bucket_chunks(s3) == stored
