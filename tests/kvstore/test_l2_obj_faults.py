@@ -12,10 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from kvstore_support import (
     CHUNK,
+    LAYOUT,
+    chunk_of,
     computed_keys,
     generate_each,
+    key,
+    put_chunk,
     reference,
     settle,
     tail,
@@ -38,7 +43,10 @@ from xrt.config import KVTiers, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.connector import GPU, L1, L2
 from xrt.kvstore.keys import chunk_keys
+from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2_objects import ObjStore
+from xrt.kvstore.l2_transfer import L2Agent, L2Error
+from xrt.kvstore.nixl_api import nixl_api
 from xrt.kvstore.preflight import l2_path_warning, l2_problems
 
 
@@ -215,3 +223,38 @@ def test_an_object_deleted_by_another_process_is_dropped_after_its_failed_load(
     assert tiers.stats.failed_loads == 1 and tiers.stats.hit_tokens[L2] == 0
     settle(tiers, close=True)
     assert bucket_chunks(s3) == stored
+
+
+def test_credentials_from_the_aws_environment_variables(
+    diverse_cfg: Callable[..., XrtConfig], s3: S3, auth: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key in cache.l2.backend_params: the preflight's listing (boto3) and a NIXL OBJ agent's transfers both
+    sign with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and a wrong secret there is refused by both. (An
+    engine is not built here: moto 5.2.1 with signatures checked refuses every ListObjectsV2 whose prefix holds
+    a '/', as a namespace's does, with SignatureDoesNotMatch; S3 does not.)"""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", auth["access_key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", auth["secret_key"])
+    cfg = obj_cfg(diverse_cfg, s3)
+    params = {k: v for k, v in cfg.cache.l2.backend_params.items() if k not in ("access_key", "secret_key")}
+    cfg.cache.l2.backend_params = params
+    assert l2_problems(cfg) == []
+    l1 = L1Cache(LAYOUT, 4 * LAYOUT.nbytes)
+    assert put_chunk(l1, key(1), chunk_of(LAYOUT, 1))
+    slot = l1.acquire(key(1))
+    assert slot is not None
+    api = nixl_api("OBJ")
+    name = f"{PREFIX}/env-credentials.kv"
+    agents = [L2Agent(api, f"env-{r.lower()}", r, "OBJ", params, l1) for r in ("WRITE", "READ")]
+    agents[0].transfer([l1.slot_offset(slot[0])], [name], LAYOUT.nbytes)
+    out = l1.reserve(key(2))
+    assert out is not None
+    agents[1].transfer([l1.slot_offset(out)], [name], LAYOUT.nbytes)
+    assert torch.equal(l1.slot_view(out), chunk_of(LAYOUT, 1))  # the bytes came back through the store
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    assert [p[0] for p in l2_problems(cfg)] == ["cache.l2.backend_params"]
+    agents.append(L2Agent(api, "env-bad", "WRITE", "OBJ", params, l1))
+    with pytest.raises(L2Error):
+        agents[2].transfer([l1.slot_offset(slot[0])], [name + "2"], LAYOUT.nbytes)
+    for a in agents:
+        a.close()
