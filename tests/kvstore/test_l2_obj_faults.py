@@ -39,7 +39,7 @@ from obj_support import (  # noqa: F401  (the s3 fixture)
     s3_endpoint,
 )
 
-from xrt.config import KVTiers, XrtConfig
+from xrt.config import KVTiers, L2LoadPolicy, XrtConfig
 from xrt.engine.llm import LLM
 from xrt.kvstore.connector import GPU, L1, L2
 from xrt.kvstore.keys import chunk_keys
@@ -258,3 +258,37 @@ def test_credentials_from_the_aws_environment_variables(
         agents[2].transfer([l1.slot_offset(slot[0])], [name + "2"], LAYOUT.nbytes)
     for a in agents:
         a.close()
+
+
+def test_an_obj_load_past_its_deadline_is_abandoned(diverse_cfg: Callable[..., XrtConfig], s3: S3) -> None:
+    """The same deadline policy as files: a stalled OBJ read is abandoned at its deadline and the request
+    prefilled, the next load does not queue behind it, and once it ends its L1 slots are free again."""
+    rng = random.Random(37)
+    p1, p2 = tokens(rng, 4 * CHUNK), tokens(rng, 3 * CHUNK)
+    stored = [p1 + tail(rng, 0, 4), p2 + tail(rng, 1, 4)]
+    again = [p1 + tail(rng, 2, 4), p2 + tail(rng, 3, 4)]  # each prefix in L2 only, for the new engine
+    want = reference(diverse_cfg, stored + again)
+    a = LLM(obj_cfg(diverse_cfg, s3))
+    assert generate_each(a, stored) == want[:2]
+    settle(tiers_of(a), close=True)
+    cfg = obj_cfg(diverse_cfg, s3)
+    cfg.cache.l2.load_policy = L2LoadPolicy.MEASURED
+    llm = LLM(cfg)
+    tiers = tiers_of(llm)
+    # recomputing is instant: the deadline is the minimum; the bandwidth unknown, so the load is tried
+    tiers.policy.prefill_rate, tiers.policy.l2_bandwidth = 1e9, None
+    agent = store_of(llm)._agents["READ"]
+    real_state = agent.agent.check_xfer_state
+    stalled = True
+    agent.agent.check_xfer_state = lambda h: "PROC" if stalled else real_state(h)
+    assert generate_each(llm, again[:1]) == want[2:3]
+    s = tiers.stats
+    assert s.abandoned_loads == 1 and s.hit_tokens[L2] == 0 and s.failed_loads == 0 and agent.lock.locked()
+    assert generate_each(llm, again[1:]) == want[3:]  # the agent is still busy: abandoned at once
+    assert s.abandoned_loads == 2 and s.hit_tokens[L2] == 0
+    stalled = False
+    assert agent.lock.acquire(timeout=10)  # the late transfer finished and released everything
+    agent.lock.release()
+    settle(tiers, close=True)
+    assert not any(tiers.l1._refs) and not tiers.l1._writing
+    assert store_of(llm).late_transfers == 1
