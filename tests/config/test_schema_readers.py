@@ -75,14 +75,14 @@ def test_environment_variables_are_the_documented_lookups() -> None:
 
 
 # import name -> distribution, where they differ
-DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core", "nixl_cu13": "nixl-cu13",
+DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core", "nixl_cu12": "nixl-cu12",
                  "prometheus_client": "prometheus-client"}
 # imported only where their extra is installed (CUDA kernels, the benchmark's peer and plot, the Hub cache lookup)
 EXTRAS = {"triton": "cuda", "flashinfer": "cuda", "transformers": "bench", "matplotlib": "bench",
-          "huggingface_hub": "hub", "nixl_cu13": "kv", "fastapi": "serve", "uvicorn": "serve",
-          "prometheus_client": "serve", "pydantic": "serve", "httpx": "bench", "optuna": "sweep"}
+          "huggingface_hub": "hub", "nixl_cu12": "kv", "boto3": "kv", "botocore": "kv", "fastapi": "serve",
+          "uvicorn": "serve", "prometheus_client": "serve", "pydantic": "serve", "httpx": "bench", "optuna": "sweep"}
 # tried before / after the kv extra's wheel (xrt/kvstore/nixl_api.py): what a GPU user installs in its place
-ALTERNATIVES = {"nixl", "nixl_cu12"}
+ALTERNATIVES = {"nixl", "nixl_cu13"}
 
 
 def imported_packages() -> set[str]:

@@ -2,6 +2,7 @@
 size limit or a kill (kvstore_support.spawn_child). argv[1]: a JSON spec:
 
   checkpoint, l2_path, prompts (token id lists), out (where the result goes), l1_chunks / l2_chunks (optional);
+  obj (optional): cache.l2.backend_params for cache.l2.backend=OBJ (l2_path is then the key prefix);
   ready, go (optional): touch `ready` once the engine is built, then wait for `go` to exist;
   index_read_delay (optional): seconds every read of index.json takes longer, which widens an index update's
     read-modify-write (under its lock) so that two processes' updates overlap unless the lock keeps them apart;
@@ -26,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 from conftest import tiny_config
 from kvstore_support import generate_each, tier_cache, tiers_of
 
-from xrt.config import KVTiers
+from xrt.config import KVTiers, L2Backend
 from xrt.engine.llm import LLM
 from xrt.kvstore.index import L2Index
 from xrt.kvstore.l2 import L2Store
@@ -89,10 +91,10 @@ def main() -> None:
         slow_stores(spec["slow_l2_store"])
     if spec.get("index_read_delay"):
         slow_index_reads(spec["index_read_delay"])
-    cfg = tiny_config(
-        spec["checkpoint"],
-        cache=tier_cache(KVTiers.L1_L2, spec["l2_path"], spec.get("l1_chunks"), spec.get("l2_chunks")),
-    )
+    cache = tier_cache(KVTiers.L1_L2, spec["l2_path"], spec.get("l1_chunks"), spec.get("l2_chunks"))
+    if spec.get("obj"):
+        cache = attrs.evolve(cache, l2=attrs.evolve(cache.l2, backend=L2Backend.OBJ, backend_params=spec["obj"]))
+    cfg = tiny_config(spec["checkpoint"], cache=cache)
     llm = LLM(cfg)
     tiers = tiers_of(llm)
     if spec.get("ready"):

@@ -31,6 +31,7 @@ ENVIRONMENT = {
     "LOCAL_RANK": "set by torchrun: the CUDA device of this rank on its host",
     "LOCAL_WORLD_SIZE": "set by torchrun: the ranks on this host (cache.l1.size_gb is checked for each of them)",
     "NIXL_LOG_LEVEL": "NIXL's log level (cache=l1_l2; default here: WARN, on stderr)",
+    "AWS_DEFAULT_BUCKET": "cache.l2.backend=OBJ: the bucket when cache.l2.backend_params has none (NIXL's too)",
 }
 
 MULTIRUN = [

@@ -21,8 +21,8 @@ class KVTiers(enum.Enum):
 
 
 class L2Backend(enum.Enum):
-    """NIXL backends L2 can store through: files (POSIX; GDS and GDS_MT for GPUDirect Storage) or objects (OBJ: not
-    available yet, refused by the config check until the object store is built)."""
+    """NIXL backends L2 can store through: files (POSIX; GDS and GDS_MT for GPUDirect Storage) or S3 objects
+    (OBJ: xrt/kvstore/l2_objects.py)."""
 
     POSIX = "POSIX"
     GDS = "GDS"
@@ -53,14 +53,17 @@ class L1Args:
 
 @attrs.define
 class L2Args:
-    path: str = field("", help="L2 KV tier: directory of the chunk files; empty: <XRT_CACHE_DIR>/kv")
+    path: str = field("", help="L2 KV tier: directory of the chunk files; empty: <XRT_CACHE_DIR>/kv. With "
+                      "backend=OBJ: the key prefix of the chunk objects in the bucket (empty: none)")
     backend: L2Backend = field(
         L2Backend.POSIX, help="NIXL backend L2 transfers through: POSIX files; GDS, GDS_MT: GPUDirect Storage (needs "
-        "cuFile on the machine, checked before loading); OBJ: not available yet (the object store is a later issue)"
+        "cuFile on the machine, checked before loading); OBJ: S3 objects (bucket, endpoint and credentials in "
+        "backend_params or the AWS environment variables; the store is probed before loading)"
     )
     backend_params: dict[str, str] = field(
-        factory=dict, help="passed to the NIXL backend as its init parameters (e.g. POSIX use_uring: true); a key the "
-        "backend does not list is refused before loading"
+        factory=dict, help="passed to the NIXL backend as its init parameters, untouched (e.g. POSIX use_uring: "
+        "true; OBJ bucket, endpoint_override, scheme, region, access_key, secret_key, use_virtual_addressing); a key "
+        "the backend does not list is refused before loading"
     )
     size_gb: float = field(64.0, help="most bytes of chunk files per model namespace (LRU beyond)", unit="GB",
                            validator=gt(0))
@@ -81,13 +84,6 @@ class L2Args:
     flush_timeout_s: float = field(60.0, help="longest an engine's close (or the exit of a process that did not close "
                                    "it) waits for the L2 writer to store what is queued; what is left is dropped",
                                    unit="s", validator=gt(0))
-
-
-    def check(self) -> Problems:
-        if self.backend is L2Backend.OBJ:
-            return [("backend", "OBJ (object storage) is not available yet; use POSIX, or GDS / GDS_MT for "
-                                "GPUDirect Storage")]
-        return []
 
 
 @attrs.define

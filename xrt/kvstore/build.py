@@ -9,7 +9,7 @@ import os
 
 import attrs
 
-from xrt.config import XrtConfig
+from xrt.config import L2Backend, XrtConfig
 from xrt.kvcache.device import DeviceKVCache, KVArrivals, KVLayout
 from xrt.kvcache.sizing import host_available_bytes
 from xrt.kvstore.chunk import ChunkLayout
@@ -17,6 +17,7 @@ from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.keys import KeyNamespace, checkpoint_digest
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.l2_objects import ObjStore
 from xrt.models.checkpoint import cache_dir
 from xrt.units import GB, GiB
 
@@ -62,10 +63,16 @@ def build_l1(cfg: XrtConfig, layout: ChunkLayout) -> L1Cache:
 
 
 def l2_root(cfg: XrtConfig) -> str:
+    """The file store's directory; with OBJ, the key prefix in the bucket (as given: no default)."""
+    if cfg.cache.l2.backend is L2Backend.OBJ:
+        return cfg.cache.l2.path
     return os.path.expanduser(cfg.cache.l2.path) if cfg.cache.l2.path else os.path.join(cache_dir(), "kv")
 
 
-def build_l2(cfg: XrtConfig, namespace: KeyNamespace, l1: L1Cache) -> L2Store:
+def build_l2(cfg: XrtConfig, namespace: KeyNamespace, l1: L1Cache) -> L2Store | ObjStore:
+    """Files through POSIX / GDS / GDS_MT, objects through OBJ (l2_objects.py): the same interface."""
+    if cfg.cache.l2.backend is L2Backend.OBJ:
+        return ObjStore(cfg.cache.l2, l2_root(cfg), namespace.hex(), l1)
     return L2Store(cfg.cache.l2, l2_root(cfg), namespace.hex(), l1)
 
 

@@ -74,9 +74,8 @@ class L2Store:
     def __init__(self, args: L2Args, root: str | Path, namespace_hex: str, l1: L1Cache,
                  agent_name: str | None = None) -> None:
         if args.backend is L2Backend.OBJ:
-            # OBJ transfers address objects (OBJ_SEG descriptors keyed by name), not files: this store's
-            # file naming, renames and index do not apply; it needs its own store class.
-            raise NotImplementedError("cache.l2.backend=OBJ: the object-store L2 is not built yet; use POSIX or GDS")
+            # objects have no directory, rename or flock: l2_objects.ObjStore (build.build_l2 picks it)
+            raise ValueError("cache.l2.backend=OBJ is stored by l2_objects.ObjStore, not in files")
         self._index_lock = threading.Lock()
         self.l1 = l1
         self.backend = args.backend.value
@@ -110,7 +109,7 @@ class L2Store:
             # loads read; a missing file leaves it to the first load
             with contextlib.suppress(OSError):
                 os.close(self._open_read(self.dir / LOCK))
-        api = nixl_api()
+        api = nixl_api(self.backend)
         name = agent_name or f"xrt-l2-{temp_tag()}"
         params = dict(args.backend_params)
         # one agent per role (stores, loads at admission, prefetches), so none queues behind another's transfer

@@ -1,7 +1,8 @@
 """The NIXL side of L2 (l2.py): an agent per role with L1's buffer registered, and the transfers it runs.
 
 The L1 buffer is registered with each agent once. A batch of chunks is one NIXL transfer (one descriptor per
-chunk on each side: the slot's bytes in L1, the whole of its file), posted and then polled with
+chunk on each side: the slot's bytes in L1, the whole of its file, or with the OBJ backend the whole of its
+object, registered as an OBJ segment whose metaInfo is the object's key), posted and then polled with
 `check_xfer_state` until DONE or ERR; the poll spins briefly and then sleeps with a growing interval (NIXL's
 Python API has no blocking wait).
 
@@ -46,12 +47,13 @@ class L2Busy(L2Late):
 
 class L2Agent:
     """One NIXL agent with the L1 buffer registered, and the lock its callers take. Its role's transfers
-    write files from L1 (WRITE) or read them into L1 (the others)."""
+    write files (objects, with OBJ) from L1 (WRITE) or read them into L1 (the others)."""
 
     def __init__(self, api: Any, name: str, role: str, backend: str, params: dict[str, str], l1: L1Cache) -> None:
         self.lock = threading.Lock()
         self.backend = backend
         self.op = "WRITE" if role == "WRITE" else "READ"
+        self.segment = "OBJ" if backend == "OBJ" else "FILE"  # what a transfer's targets are: objects, or fds
         self.agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
         self.agent.create_backend(backend, params)
         buf = l1.buffer
@@ -61,9 +63,10 @@ class L2Agent:
         self.reg: Any = self.agent.register_memory([(self.base, buf.numel(), self.dev, "")], self.mem,
                                                    backends=[backend])
 
-    def transfer(self, offsets: Sequence[int], fds: Sequence[int], nbytes: int, deadline: float | None = None,
-                 on_late: Callable[[], None] | None = None) -> None:
-        """One NIXL transfer: the nbytes at each offset of the L1 buffer <-> the whole of its file. Raises
+    def transfer(self, offsets: Sequence[int], fds: Sequence[int] | Sequence[str], nbytes: int,
+                 deadline: float | None = None, on_late: Callable[[], None] | None = None) -> None:
+        """One NIXL transfer: the nbytes at each offset of the L1 buffer <-> the whole of its file (an fd) or,
+        with OBJ, of its object (a key in the backend's bucket). Raises
         L2Error unless DONE. With a deadline (a perf_counter time), raises L2Late once it passes, or L2Busy at
         once when the agent is still busy with an earlier late transfer; `on_late` then runs on the thread that
         waits the transfer out, after its NIXL resources are released."""
@@ -80,17 +83,24 @@ class L2Agent:
         if handed_off:
             raise L2Late(f"NIXL {self.backend} {self.op} of {len(fds)} chunks not done by its deadline")
 
-    def _transfer_locked(self, offsets: Sequence[int], fds: Sequence[int], nbytes: int, deadline: float | None,
-                         on_late: Callable[[], None] | None) -> bool:
+    def _transfer_locked(self, offsets: Sequence[int], fds: Sequence[int] | Sequence[str], nbytes: int,
+                         deadline: float | None, on_late: Callable[[], None] | None) -> bool:
         """The transfer, the lock held. True when it passed its deadline: a thread now owns it, its
         resources and the lock (`_finish_late`)."""
         n, agent, op = nbytes, self.agent, self.op
-        file_reg = agent.register_memory([(0, n, fd, "") for fd in fds], "FILE", backends=[self.backend])
+        if self.segment == "OBJ":
+            # an object is named by its registration's metaInfo; the device id only tells this transfer's
+            # descriptors apart (registered and released with it, so 0..n-1 never collide)
+            segments = [(0, n, i, str(name)) for i, name in enumerate(fds)]
+        else:
+            segments = [(0, n, int(fd), "") for fd in fds]
+        seg = self.segment
+        file_reg = agent.register_memory(segments, seg, backends=[self.backend])
         handle = None
         late = False
         try:
             local = agent.get_xfer_descs([(self.base + offset, n, self.dev) for offset in offsets], self.mem)
-            remote = agent.get_xfer_descs([(0, n, fd) for fd in fds], "FILE")
+            remote = agent.get_xfer_descs([(0, n, dev) for _, _, dev, _ in segments], seg)
             handle = agent.initialize_xfer(op, local, remote, agent.name, backends=[self.backend])
             state = agent.transfer(handle)
             start, pause = time.perf_counter(), 20e-6

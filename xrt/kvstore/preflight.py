@@ -4,7 +4,9 @@ the OOM killer ends the run), and for `cache=l1_l2` a NIXL wheel,
 a backend plugin NIXL can start here (GDS needs GPUDirect Storage's cuFile; NIXL itself only says so in a
 traceback once the store is built), backend_params the plugin knows (NIXL takes any key and ignores the unknown
 ones, so a misspelt `use_uring` would silently do nothing), and an L2 directory that can be made (a store that
-cannot write is a cache that misses: a warning, not an error; the run's tier summary says it too)."""
+cannot write is a cache that misses: a warning, not an error; the run's tier summary says it too). With OBJ, the
+object store is asked for one listing: credentials or a bucket it refuses are errors naming
+cache.l2.backend_params, an endpoint that does not answer is a warning (L2 would be off, requests still served)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from xrt.config import KVTiers, XrtConfig
+from xrt.config import KVTiers, L2Backend, XrtConfig
 from xrt.kvstore.build import l1_memory_problem, l2_root
 from xrt.kvstore.nixl_api import NixlUnavailable, nixl_api
+from xrt.kvstore.obj_client import OBJ_PARAMS, bucket_of, probe
 
 Problem = tuple[str, str]
 
@@ -32,11 +35,14 @@ def l2_problems(cfg: XrtConfig) -> list[Problem]:
     if cfg.cache.tiers is not KVTiers.L1_L2:
         return []
     args = cfg.cache.l2
+    backend = args.backend.value
     try:
-        api = nixl_api()
+        api = nixl_api(backend)
     except NixlUnavailable as e:
         return [("cache.tiers", f"l1_l2: {e}")]
-    backend = args.backend.value
+    if args.backend is L2Backend.OBJ and not bucket_of(args.backend_params):
+        return [("cache.l2.backend_params", "OBJ needs a bucket: +cache.l2.backend_params.bucket=NAME (or "
+                                            "AWS_DEFAULT_BUCKET)")]
     agent = api.nixl_agent(f"xrt-probe-{os.getpid()}", api.nixl_agent_config(backends=[]))
     plugins = list(agent.get_plugin_list())
     if backend not in plugins:
@@ -46,19 +52,30 @@ def l2_problems(cfg: XrtConfig) -> list[Problem]:
             agent.create_backend(backend, dict(args.backend_params))
     except Exception as e:  # NIXL raises its own binding errors (nixlNotFoundError, ...)
         need = " (GPUDirect Storage: cuFile and a supported filesystem)" if backend.startswith("GDS") else ""
+        if backend == "OBJ":
+            need = " (nixl-cu13's OBJ plugin needs libcuobjclient.so.1; nixl-cu12's needs no CUDA library)"
         return [("cache.l2.backend", f"{backend}: NIXL cannot start this backend here{need}: {e or type(e).__name__}; "
                                      f"use POSIX")]
-    known = agent.get_plugin_params(backend)
-    unknown = sorted(set(args.backend_params) - set(known))
+    known = set(agent.get_plugin_params(backend)) | (OBJ_PARAMS if backend == "OBJ" else set())
+    unknown = sorted(set(args.backend_params) - known)
     if unknown:
         return [("cache.l2.backend_params", f"{', '.join(unknown)}: not a parameter of NIXL's {backend} backend "
                                             f"(it takes {', '.join(sorted(known)) or 'none'})")]
+    if backend == "OBJ":
+        found = probe(args.backend_params, l2_root(cfg))
+        if found is not None and found[0] == "problem":
+            return [("cache.l2.backend_params", found[1])]
     return []
 
 
 def l2_path_warning(cfg: XrtConfig) -> str | None:
     """Why the L2 directory cannot be made, or None: the run goes on with L2 storing nothing."""
     if cfg.cache.tiers is not KVTiers.L1_L2:
+        return None
+    if cfg.cache.l2.backend is L2Backend.OBJ:
+        found = probe(cfg.cache.l2.backend_params, l2_root(cfg))
+        if found is not None and found[0] == "unreachable":
+            return f"cache.l2.backend_params: {found[1]}; the L2 tier would store nothing"
         return None
     root = l2_root(cfg)
     if os.path.exists(root) and not os.path.isdir(root):
