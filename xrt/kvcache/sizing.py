@@ -6,8 +6,8 @@ either way, less what something built after the cache reserves (the prefill CUDA
 buffers). A cache the user sized (`cache.num_pages`, or `cache.kv_size_gb` on CPU) must fit the memory available
 now, checked before allocating, so a too-large one is one line naming the field rather than an allocator error
 (or, with overcommit, the OOM killer). A cache sized from GPU memory is capped at cache.max_pages_over_need times
-the pages the running sequences can fill: beyond those, pages only hold prefix-cache entries, and a tiny model on
-an H200 would otherwise get 21.8M pages (125 GiB, ~30 s to start)."""
+the pages the running sequences can fill: beyond those, pages only hold prefix-cache entries, and a small model on
+a large GPU would otherwise get millions of pages, seconds to allocate and zero at start-up."""
 
 from __future__ import annotations
 
