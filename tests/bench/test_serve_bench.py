@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 pytest.importorskip("fastapi")
@@ -18,9 +19,8 @@ pytest.importorskip("httpx")
 from conftest import tiny_config  # noqa: E402
 
 from xrt.cli.main import main  # noqa: E402
-from xrt.config import ServeArgs  # noqa: E402
+from xrt.config import SchedulerArgs  # noqa: E402
 from xrt.config.compose import load_config  # noqa: E402
-from xrt.engine.llm import LLM  # noqa: E402
 from xrt.reflect import ConfigError  # noqa: E402
 from xrt.serve.app import build_state  # noqa: E402
 from xrt.serve.server import BackgroundServer  # noqa: E402
@@ -75,13 +75,12 @@ def test_cli_serves_the_config_and_reports_vllms_figures(
 
 @pytest.fixture
 def tiny_server(tiny_checkpoint: str) -> Iterator[tuple[BackgroundServer, Any]]:
-    with LLM(tiny_config(tiny_checkpoint)) as llm:
-        state = build_state(llm.engine, ServeArgs(), "qwen3-tiny", llm.cfg.sampling, 8)
-        server = BackgroundServer(state).start()
-        try:
-            yield server, state.metrics
-        finally:
-            server.stop()
+    state = build_state(attrs.evolve(tiny_config(tiny_checkpoint), scheduler=SchedulerArgs(max_num_seqs=8)))
+    server = BackgroundServer(state).start()
+    try:
+        yield server, state.metrics
+    finally:
+        server.stop()
 
 
 def _value(metrics: Any, name: str, **labels: str) -> float:

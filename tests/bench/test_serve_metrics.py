@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from xrt.bench.serve_metrics import objective_key, peak_concurrency, percentile_key, serve_metrics, server_ttft
+from xrt.bench.serve_metrics import objective_key, peak_concurrency, percentile_key, serve_metrics, server_times
 from xrt.bench.serve_table import render_serve, result_lines
 from xrt.bench.sweep_results import objective_value
 from xrt.bench.workload import arrival_offsets, serve_lengths
@@ -111,7 +111,9 @@ def _record(**extra: Any) -> dict[str, Any]:
     return {"scenario": "serve", "status": "ok", "executor": "eager", "model": "m", "device_name": "cpu",
             "num_requests": 3, "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": 2, "input_len": 20,
             "output_len": 3, "range_ratio": 0.5, "percentiles": [99], "slo_ms": {"ttft": 250},
-            "errors": ["HTTP 500: boom"], "config": {}, **m, **server_ttft({"sum": 0.3, "count": 2}), **extra}
+            "errors": ["HTTP 500: boom"], "config": {}, **m,
+            **server_times({"ttft": {"sum": 0.3, "count": 2}, "queue": {"sum": 0.02, "count": 2},
+                            "prefill": {"sum": 0.1, "count": 2}}), **extra}
 
 
 def test_the_block_and_the_table_show_the_record() -> None:
@@ -123,27 +125,32 @@ def test_the_block_and_the_table_show_the_record() -> None:
                  "Median E2EL (ms):                        250.00", "first errors: HTTP 500: boom"):
         assert line in block
     assert "Server's mean TTFT (ms):                 150.00" in block
+    assert "  of which queue (ms):                   10.00" in block
+    assert "  of which prefill (ms):                 50.00" in block
     assert "HTTP round trip" not in block  # none measured
     r = {**r, "http_rtt_ms": 0.8}
     assert "HTTP round trip, GET /v1/models (ms):".ljust(40) + " 0.80" in "\n".join(result_lines(r))
     table = render_serve([r, {**r, "request_rate": 0.0, "max_concurrency": 0, "server_mean_ttft_ms": None,
-                              "http_rtt_ms": None}])
+                              "server_mean_prefill_ms": None, "http_rtt_ms": None}])
     assert "## Serve: m, input 20 / output 3 ±50%, cpu" in table
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table if ln.startswith("| eager")]
     assert [row[:4] for row in rows] == [["eager", "4/s", "2 (peak 2)", "2 (1)"],
                                          ["eager", "all at once", "– (peak 2)", "2 (1)"]]
     assert rows[0][6] == "0.50 (ttft ≤ 250)"
     assert (rows[0][10], rows[1][10]) == ("150.0", "–")  # the server's TTFT
-    assert (rows[0][11], rows[1][11]) == ("0.800", "–")  # the HTTP round trip
-    assert rows[0][12] == "25.00 / 25.00 / 25.00"  # TPOT mean / median / p99
+    assert (rows[0][11], rows[1][11]) == ("10.00 + 50.00", "–")  # the engine's part: queue + prefill
+    assert (rows[0][12], rows[1][12]) == ("0.800", "–")  # the HTTP round trip
+    assert rows[0][13] == "25.00 / 25.00 / 25.00"  # TPOT mean / median / p99
     assert render_serve([{**r, "scenario": "latency"}]) == []
 
 
-def test_the_servers_ttft_is_its_histograms_gain_over_the_run() -> None:
-    assert server_ttft({"sum": 0.3, "count": 2.0}) == {"server_mean_ttft_ms": pytest.approx(150),
-                                                       "server_ttft_count": 2}
-    assert server_ttft({"sum": 0.0, "count": 0.0}) == {"server_mean_ttft_ms": None, "server_ttft_count": 0}
-    assert server_ttft(None) == {"server_mean_ttft_ms": None, "server_ttft_count": None}
+def test_the_servers_times_are_its_histograms_gains_over_the_run() -> None:
+    got = server_times({"ttft": {"sum": 0.3, "count": 2.0}, "queue": {"sum": 0.01, "count": 2.0}})
+    assert got == {"server_mean_ttft_ms": pytest.approx(150), "server_ttft_count": 2,
+                   "server_mean_queue_ms": pytest.approx(5), "server_mean_prefill_ms": None}
+    assert server_times({"ttft": {"sum": 0.0, "count": 0.0}})["server_mean_ttft_ms"] is None
+    assert server_times(None) == {"server_mean_ttft_ms": None, "server_ttft_count": None,
+                                  "server_mean_queue_ms": None, "server_mean_prefill_ms": None}
 
 
 def test_a_sweep_reads_the_vllm_keys_of_a_serve_line() -> None:

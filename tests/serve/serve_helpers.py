@@ -1,5 +1,6 @@
-"""A real server on 127.0.0.1 for the serve tests: an LLM on the tiny checkpoint behind `BackgroundServer` (uvicorn
-on a thread, a free port), and readers of its /metrics."""
+"""A real server on 127.0.0.1 for the serve tests: the tiny checkpoint's engine (in its own process unless
+serve.engine_process=false) behind `BackgroundServer` (uvicorn on a thread, a free port), and readers of its
+/metrics."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import attrs
 import httpx
 
-from xrt.config import ServeArgs, XrtConfig
-from xrt.engine.llm import LLM
+from xrt.config import XrtConfig
 from xrt.engine.tokenizer import Tokenizer
 from xrt.serve.app import build_state
 from xrt.serve.server import BackgroundServer
@@ -19,15 +20,19 @@ from xrt.serve.server import BackgroundServer
 
 @contextmanager
 def running_server(cfg: XrtConfig, tokenizer: Tokenizer | None = None, **serve: Any) -> Iterator[BackgroundServer]:
-    """tokenizer: one injected into the LLM (dummy weights have none of their own)."""
-    args = ServeArgs(**serve)
-    with LLM(cfg, tokenizer=tokenizer) as llm:
-        state = build_state(llm.engine, args, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
+    """tokenizer: one injected into the engine (dummy weights have none of their own); serve: ServeArgs fields over
+    cfg.serve's."""
+    cfg = attrs.evolve(cfg, serve=attrs.evolve(cfg.serve, **serve))
+    state = build_state(cfg, tokenizer)
+    try:
         server = BackgroundServer(state).start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    except BaseException:
+        state.close()
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def metrics(url: str) -> dict[str, float]:

@@ -26,9 +26,10 @@ PROMPTS = ["Hello", "The river", "Once upon a time there was", "a b c d e f g"]
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint: str) -> Iterator[BackgroundServer]:
-    with running_server(tiny_config(tiny_checkpoint)) as s:
+@pytest.fixture(scope="module", params=[True, False], ids=["engine-process", "engine-thread"])
+def server(tiny_checkpoint: str, request: pytest.FixtureRequest) -> Iterator[BackgroundServer]:
+    """Every test against both transports (serve.engine_process): they must not differ in anything a client sees."""
+    with running_server(tiny_config(tiny_checkpoint), engine_process=request.param) as s:
         yield s
 
 
@@ -231,3 +232,21 @@ def test_metrics_count_tokens_and_latencies(client: Any, server: Any) -> None:
                  "prefix_cache_queries_total"):
         assert f"xrt:{name}" in text, name
     assert 'request_success_total{finished_reason="length",model_name="qwen3-tiny"}' in text
+
+
+def test_the_engines_part_of_a_requests_latency_fits_inside_what_the_server_saw(server: Any) -> None:
+    names = ("time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+             "request_decode_time_seconds", "request_inference_time_seconds", "e2e_request_latency_seconds")
+    before = {n: (metric(server.url, f"{n}_sum"), metric(server.url, f"{n}_count")) for n in names}
+    body = {"model": MODEL, "prompt": "The river " * 20, "max_tokens": 30, "ignore_eos": True}
+    httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).raise_for_status()
+    took = {}
+    for n in names:
+        total, count = metric(server.url, f"{n}_sum") - before[n][0], metric(server.url, f"{n}_count") - before[n][1]
+        assert count == 1, n
+        took[n.removeprefix("request_").split("_")[0]] = total
+    # arrival -> first step -> first token (engine) -> the event loop has it; the engine's steps inside the e2e
+    assert 0 < took["queue"] + took["prefill"] <= took["time"]
+    assert took["inference"] == pytest.approx(took["prefill"] + took["decode"], rel=1e-6, abs=1e-9)
+    assert took["queue"] + took["inference"] <= took["e2e"]
+    assert took["decode"] > 0

@@ -52,7 +52,8 @@ def workload() -> list[tuple[list[int], int]]:
             for _ in range(CLIENTS)]
 
 
-def test_streams_under_load_equal_offline(tiny_checkpoint: str) -> None:
+@pytest.mark.parametrize("engine_process", [True, False], ids=["engine-process", "engine-thread"])
+def test_streams_under_load_equal_offline(tiny_checkpoint: str, engine_process: bool) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     tokenizer = Tokenizer(tiny_checkpoint)
@@ -61,9 +62,10 @@ def test_streams_under_load_equal_offline(tiny_checkpoint: str) -> None:
         want = [o.text for o in llm.generate([p for p, _ in work],
                                               [SamplingArgs(max_tokens=m, ignore_eos=True) for _, m in work],
                                               use_tqdm=False)]
-    with running_server(config(), tokenizer=tokenizer) as server:
-        engine = server.state.engine
-        assert engine.runner.decode_capacity > 0 and engine.cfg.executor.overlap  # the overlapped path is on
+    with running_server(config(), tokenizer=tokenizer, engine_process=engine_process) as server:
+        if not engine_process:  # the same config in its own process runs the same path
+            engine = server.state.loop.engine
+            assert engine.runner.decode_capacity > 0 and engine.cfg.executor.overlap  # the overlapped path is on
         aclient = clients(server.url)[1]
 
         async def one(i: int) -> tuple[str, int]:

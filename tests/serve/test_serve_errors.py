@@ -1,10 +1,13 @@
 """Bad requests get the OpenAI error JSON and leave nothing held: 400 (malformed JSON, wrong types, bad sampling,
 a prompt too long, with both numbers), 404 (unknown model or route), 401 (no or wrong key, when one is set),
-503 beyond the queue bound."""
+503 beyond the queue bound; an engine that fails (an error in a step, its process killed) ends its requests with an
+error and /health says so."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -145,13 +148,30 @@ def test_requests_beyond_the_queue_bound_get_503(tiny_checkpoint: str) -> None:
 
 
 def test_an_engine_error_fails_its_requests_with_500_and_health_says_so(tiny_checkpoint: str) -> None:
-    with running_server(tiny_config(tiny_checkpoint)) as server:
+    # On a thread, so the test can break the engine it holds (the process case is the next test).
+    with running_server(tiny_config(tiny_checkpoint), engine_process=False) as server:
         def broken() -> list[Any]:
             raise RuntimeError("device lost")
 
-        server.state.engine.step_stream = broken  # type: ignore[method-assign]
+        server.state.loop.engine.step_stream = broken  # type: ignore[attr-defined]
         check_error(post(server, {"model": MODEL, "prompt": "hi"}), 500, "device lost")
         check_error(httpx.get(f"{server.url}/health"), 503, "device lost")
+        check_error(post(server, {"model": MODEL, "prompt": "hi"}), 503, "the engine stopped on an error")
+
+
+def test_an_engine_process_that_dies_fails_its_streams_and_health_says_so(tiny_checkpoint: str) -> None:
+    cfg = tiny_config(tiny_checkpoint)
+    with running_server(cfg) as server:
+        proc = server.state.loop.proc  # type: ignore[attr-defined]
+        assert proc.is_alive() and proc.pid != os.getpid()
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")  # the first token came: the request is in the engine
+            os.kill(proc.pid, signal.SIGKILL)
+            rest = "\n".join(lines)
+        assert "engine error: the engine process exited (exit code -9)" in rest
+        check_error(httpx.get(f"{server.url}/health"), 503, "exit code -9")
         check_error(post(server, {"model": MODEL, "prompt": "hi"}), 503, "the engine stopped on an error")
 
 

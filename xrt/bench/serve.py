@@ -32,7 +32,7 @@ from xrt.bench.engine_timing import Progress
 from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import free_memory
 from xrt.bench.results import Record
-from xrt.bench.serve_metrics import serve_metrics, server_ttft, slos_ms
+from xrt.bench.serve_metrics import serve_metrics, server_times, slos_ms
 from xrt.bench.serve_table import result_lines
 from xrt.bench.setup import BenchError
 from xrt.bench.workload import WARMUP_REP, arrival_offsets, prompts_of_lengths, serve_lengths
@@ -130,7 +130,7 @@ def _record(cfg: XrtConfig, given: dict[str, Any], rate: float, result: dict[str
         "percentiles": list(b.percentiles),
         "slo_ms": slos_ms(b),
         **metrics,
-        **server_ttft(result.get("server_ttft")),
+        **server_times(result.get("server")),
         "http_rtt_ms": None if result.get("http_rtt") is None else result["http_rtt"] * 1e3,
         "errors": list(dict.fromkeys(r["error"] for r in requests if not r["ok"]))[:ERRORS_KEPT],
         **where,
@@ -151,16 +151,22 @@ def _server(cfg: XrtConfig, progress: Progress) -> Iterator[tuple[str, str]]:
     except ImportError as e:
         raise BenchError(f"bench.scenario: serve starts xrt serve, which needs the serve extra "
                          f"(pip install 'xrt[serve]'): {e}") from None
-    from xrt.engine.llm import LLM
-
-    with LLM(cfg) as llm:
-        state = build_state(llm.engine, cfg.serve, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
+    try:
+        state = build_state(cfg)
+    except (ValueError, OSError) as e:
+        raise BenchError(f"bench.scenario: serve: the server cannot start: {e}") from None
+    try:
         server = BackgroundServer(state).start()
-        progress(f"[bench] serve: xrt serve of {state.model_name} ({cfg.executor.kind.value}) on {server.url}")
-        try:
-            yield server.url, state.model_name
-        finally:
-            server.stop()
+    except BaseException:
+        state.close()
+        raise
+    where = "its own process" if cfg.serve.engine_process else "a thread of the server"
+    progress(f"[bench] serve: xrt serve of {state.model_name} ({cfg.executor.kind.value}, the engine in {where}) "
+             f"on {server.url}")
+    try:
+        yield server.url, state.model_name
+    finally:
+        server.stop()
 
 
 def run_client(spec: dict[str, Any]) -> dict[str, Any]:

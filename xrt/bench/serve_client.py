@@ -7,9 +7,9 @@ once, untimed; one failing stops the run), then each request at its offset from 
 `max_concurrency` in flight (0: no limit; a request waiting for a slot is not timed yet, as in vLLM), as a streamed
 /v1/completions request with a token-id prompt, greedy and `ignore_eos`. Each is timed as vLLM's client times it:
 TTFT to the first chunk carrying a choice, one ITL per later such chunk, E2EL to the end of the stream; its output
-tokens come from the usage chunk (`stream_options.include_usage`). The server's own TTFT histogram is read from its
-/metrics before and after the timed requests, so the two clocks can be compared, and the HTTP round trip of
-GET /v1/models just before them. Imports httpx (uvloop when installed), the standard library and
+tokens come from the usage chunk (`stream_options.include_usage`). The server's own TTFT, queue and prefill
+histograms are read from its /metrics before and after the timed requests, so the clocks can be compared, and
+the HTTP round trip of GET /v1/models just before them. Imports httpx (uvloop when installed), the standard library and
 xrt.progress, no torch, so it starts in a fraction of a second."""
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ CONNECT_TIMEOUT_S = 60.0
 # Between two reads of one stream. A request queued behind thousands of others gets its first byte late, so this
 # only catches a server that stopped answering.
 READ_TIMEOUT_S = 3600.0
-TTFT_HISTOGRAM = "time_to_first_token_seconds"  # vLLM's name, which xrt serve's /metrics keeps
+# The server's histograms read around the timed requests, by vLLM's names (which xrt serve's /metrics keeps): its
+# TTFT, and the engine's part of it (arrival to the first step, that step to the first token).
+SERVER_HISTOGRAMS = {"time_to_first_token_seconds": "ttft", "request_queue_time_seconds": "queue",
+                     "request_prefill_time_seconds": "prefill"}
 RTT_SAMPLES = 21
 ERROR_CHARS = 300  # of a response body that is not the OpenAI error shape
 
@@ -144,27 +147,27 @@ async def round_trip(client: httpx.AsyncClient, base: str, headers: dict[str, st
     return statistics.median(times)
 
 
-async def histogram(client: httpx.AsyncClient, base: str, name: str) -> dict[str, float] | None:
-    """sum and count of a Prometheus histogram on the server's /metrics, over its label sets, whatever its namespace
-    (`xrt:`, `vllm:`); None when the server has no /metrics or no such histogram."""
+async def histograms(client: httpx.AsyncClient, base: str) -> dict[str, dict[str, float]] | None:
+    """sum and count of the SERVER_HISTOGRAMS on the server's /metrics (one scrape), each over its label sets,
+    whatever the namespace (`xrt:`, `vllm:`); a histogram the server lacks is left out; None when it has no
+    /metrics."""
     try:
         response = await client.get(f"{base}/metrics")
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
         return None
-    found = {"sum": 0.0, "count": 0.0}
-    seen = False
+    found: dict[str, dict[str, float]] = {}
     for line in response.text.splitlines():
         if not line or line.startswith("#"):
             continue
         series, _, value = line.rpartition(" ")
         metric = series.split("{")[0].rsplit(":", 1)[-1]
-        for part in found:
-            if metric == f"{name}_{part}":
-                found[part] += float(value)
-                seen = True
-    return found if seen else None
+        name, _, part = metric.rpartition("_")
+        if part in ("sum", "count") and name in SERVER_HISTOGRAMS:
+            totals = found.setdefault(SERVER_HISTOGRAMS[name], {"sum": 0.0, "count": 0.0})
+            totals[part] += float(value)
+    return found
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -197,13 +200,14 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 return r
 
             rtt = await round_trip(client, base, headers)
-            before = await histogram(client, base, TTFT_HISTOGRAM)
+            before = await histograms(client, base)
             t0 = time.perf_counter()
             requests = await asyncio.gather(*(one(i, t0) for i in range(len(payloads))))
             duration = time.perf_counter() - t0
-        after = await histogram(client, base, TTFT_HISTOGRAM)
-    gained = {k: after[k] - before[k] for k in after} if before and after else None
-    return {"model": model, "duration": duration, "requests": requests, "server_ttft": gained,
+        after = await histograms(client, base)
+    gained = None if before is None or after is None else {
+        name: {k: v - before.get(name, {}).get(k, 0.0) for k, v in totals.items()} for name, totals in after.items()}
+    return {"model": model, "duration": duration, "requests": requests, "server": gained,
             "http_rtt": rtt}
 
 

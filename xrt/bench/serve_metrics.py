@@ -62,13 +62,21 @@ def _stats(name: str, seconds: list[float], percentiles: list[float]) -> dict[st
     return out
 
 
-def server_ttft(seen: dict[str, float] | None) -> Record:
-    """The server's own mean TTFT over the timed requests, beside the client's: its Prometheus histogram's sum and
-    count gained during the run (xrt.bench.serve_client.histogram). The server's clock starts once the body is
-    read and stops when the step ends, the client's before sending and once the chunk is in: the gap is HTTP's."""
-    count = seen["count"] if seen else 0
-    return {"server_mean_ttft_ms": 1000 * seen["sum"] / count if seen and count else None,
-            "server_ttft_count": int(count) if seen else None}
+def server_times(seen: dict[str, dict[str, float]] | None) -> Record:
+    """The server's own means over the timed requests, beside the client's: TTFT, and the engine's part of it (queue:
+    arrival to the first step; prefill: that step to the end of the one that made the first token), from its
+    Prometheus histograms' sums and counts gained during the run (xrt.bench.serve_client.histograms). The server's
+    clock starts when the request reaches it and stops when its event loop has the token, the client's before sending
+    and once the chunk is in: the gap is HTTP's; TTFT less queue and prefill is the way back from the engine."""
+    seen = seen or {}
+
+    def mean_ms(name: str) -> float | None:
+        h = seen.get(name)
+        return 1000 * h["sum"] / h["count"] if h and h["count"] else None
+
+    ttft = seen.get("ttft")
+    return {"server_mean_ttft_ms": mean_ms("ttft"), "server_ttft_count": int(ttft["count"]) if ttft else None,
+            "server_mean_queue_ms": mean_ms("queue"), "server_mean_prefill_ms": mean_ms("prefill")}
 
 
 def peak_concurrency(requests: list[dict[str, Any]]) -> int:

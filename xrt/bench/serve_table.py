@@ -45,6 +45,9 @@ def result_lines(r: Record) -> list[str]:
                   for p in r["percentiles"]]
         if key == "ttft" and r.get("server_mean_ttft_ms") is not None:
             lines.append(_row("Server's mean TTFT (ms):", r["server_mean_ttft_ms"]))
+        if key == "ttft" and r.get("server_mean_prefill_ms") is not None:
+            lines.append(_row("  of which queue (ms):", r["server_mean_queue_ms"]))
+            lines.append(_row("  of which prefill (ms):", r["server_mean_prefill_ms"]))
         if key == "ttft" and r.get("http_rtt_ms") is not None:
             lines.append(_row("HTTP round trip, GET /v1/models (ms):", r["http_rtt_ms"]))
     if r["errors"]:
@@ -100,14 +103,14 @@ def _table(key: GroupKey, rows: list[Record]) -> list[str]:
         "of GET /v1/models (the HTTP share of a TTFT).",
         "",
         "| label | rate | max in flight | completed (failed) | duration s | req/s | goodput req/s | output tok/s "
-        "| total tok/s | TTFT ms | server TTFT ms | HTTP ms | TPOT ms | ITL ms | E2EL ms |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| total tok/s | TTFT ms | server TTFT ms | queue + prefill ms | HTTP ms | TPOT ms | ITL ms | E2EL ms |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         cells = [r["label"], _rate(r), f"{r['max_concurrency'] or '–'} (peak {r['peak_concurrent_requests']})",
                  f"{r['completed']} ({r['failed']})", f"{r['duration']:.2f}", f"{r['request_throughput']:.2f}",
                  _goodput(r), f"{r['output_throughput']:.0f}", f"{r['total_token_throughput']:.0f}",
-                 _latency(r, "ttft"), ms(r.get("server_mean_ttft_ms")), ms(r.get("http_rtt_ms")),
+                 _latency(r, "ttft"), ms(r.get("server_mean_ttft_ms")), _engine_part(r), ms(r.get("http_rtt_ms")),
                  *(_latency(r, key) for key in ("tpot", "itl", "e2el"))]
         lines.append(f"| {' | '.join(cells)} |")
     return lines
@@ -130,3 +133,9 @@ SERVE_NOTE = (
     "within every SLO (bench.slo_*) per second. The figures and their JSON keys are vLLM's; peak = most requests "
     "in flight at one instant."
 )
+
+
+def _engine_part(r: Record) -> str:
+    """The engine's part of the server's TTFT: queue + prefill (TTFT less both: the way back to the event loop)."""
+    queue, prefill = r.get("server_mean_queue_ms"), r.get("server_mean_prefill_ms")
+    return "–" if queue is None or prefill is None else f"{queue:.2f} + {prefill:.2f}"

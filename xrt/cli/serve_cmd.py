@@ -20,16 +20,13 @@ def main(cfg: XrtConfig) -> int:
         return 2
     with ExitStack() as closing:
         try:
-            args = cfg.serve
-            sock = listen(args.host, args.port)  # before the model loads: a port in use fails at once
+            sock = listen(cfg.serve.host, cfg.serve.port)  # before the model loads: a port in use fails at once
             closing.callback(sock.close)
-            from xrt.engine.llm import LLM
-
-            llm = closing.enter_context(LLM(cfg))
+            state = build_state(cfg)
+            closing.callback(state.close)
         except (ValueError, OSError) as e:
             if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
                 raise
             print(f"error: {e}", file=sys.stderr)
             return 2
-        state = build_state(llm.engine, args, cfg.model.name, cfg.sampling, cfg.scheduler.max_num_seqs)
         return run(state, sock, debug=cfg.log_level is LogLevel.DEBUG)

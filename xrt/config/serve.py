@@ -30,3 +30,8 @@ class ServeArgs:
         30.0, help="on SIGTERM the server stops accepting and lets requests in flight finish for this long, then "
         "cancels the rest and exits 0", unit="s", validator=ge(0),
     )
+    engine_process: bool = field(
+        True, help="run the engine in a process of its own, so the HTTP side (parsing, checking, shaping and sending "
+        "hundreds of streams) never holds up a step and the engine never holds up a response; false: a thread of the "
+        "HTTP process, sharing its GIL",
+    )

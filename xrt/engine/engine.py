@@ -29,15 +29,16 @@ from typing import Any
 import torch
 
 from xrt.config import SamplingArgs, XrtConfig, runtime_check
-from xrt.engine.errors import RequestError
+from xrt.engine.admission import Admission
 from xrt.engine.logprobs import TokenLogprob, token_logprobs
 from xrt.engine.outputs import RequestOutput, StreamOutput
+from xrt.engine.request import Request
 from xrt.engine.sampler import sample
 from xrt.engine.scheduler import Scheduler
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.engine.stop import finish_reason, stop_holdback
 from xrt.engine.tokenizer import Tokenizer, checkpoint_tokenizer
-from xrt.engine.validate_prompts import Prompt, check_prompt, no_tokenizer
+from xrt.engine.validate_prompts import Prompt
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.executor.interface import PendingTokens, Runner
 from xrt.kvcache.connector import TierCounters
@@ -46,15 +47,6 @@ from xrt.log import get_logger
 from xrt.models.errors import CheckpointError
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Request:
-    """A checked request, ready to queue (`LLMEngine.check_request`, then `queue`)."""
-
-    prompt_token_ids: list[int]
-    sampling: SamplingArgs
-    prompt: str | None  # the text, for text prompts
 
 
 @dataclass(frozen=True)
@@ -96,6 +88,8 @@ class LLMEngine:
         self.vocab_size = runner.vocab_size
         self._kv = KVCacheManager(runner.num_pages, runner.page_size, cfg.cache.prefix_caching, runner.connector)
         self.scheduler = Scheduler(cfg.scheduler, self._kv, self.max_model_len)
+        self.admission = Admission(tokenizer, runner.checkpoint_dir, self.vocab_size, self.max_model_len, cfg.scheduler,
+                                   runner.num_pages, runner.page_size)
         self._ids = itertools.count()
         # executor.overlap=false turns overlapping off, to measure what it buys.
         self._overlap = runner.decode_capacity > 0 and cfg.executor.overlap
@@ -128,19 +122,7 @@ class LLMEngine:
         """Tokenizes and checks one prompt (sampling already validated); RequestError naming `where` for
         text that is not valid Unicode, token ids that are not ints in [0, vocab_size), an empty prompt,
         or one that can never run: no room under model.max_model_len, more than the KV cache holds."""
-        checked = check_prompt(prompt, where, self.vocab_size, index)
-        text: str | None = None
-        if isinstance(checked, str):
-            if self.tokenizer is None:
-                raise RequestError(where, no_tokenizer(self.runner.checkpoint_dir), index)
-            text = checked
-            ids = self.tokenizer.encode(checked, add_special_tokens=add_special_tokens)
-        else:
-            ids = checked
-        error = self.scheduler.admission_error(len(ids))
-        if error is not None:
-            raise RequestError(where, error, index)
-        return Request(ids, sampling, text)
+        return self.admission.check(prompt, sampling, add_special_tokens=add_special_tokens, where=where, index=index)
 
     def queue(self, request: Request, *, stream: bool = False) -> int:
         """Queues a checked request; returns its id. stream: hand its tokens and text out after every step

@@ -58,16 +58,7 @@ class Scheduler:
 
     def admission_error(self, num_prompt_tokens: int) -> str | None:
         """Why a prompt of this length can never run, or None."""
-        n = num_prompt_tokens
-        error = length_error(n, self.max_model_len, self.args)
-        kv = self.kv
-        capacity = kv.num_pages * kv.page_size
-        if error is None and n + 1 > capacity:
-            return (
-                f"prompt has {n} tokens but the KV cache holds {capacity} ({kv.num_pages} pages of {kv.page_size}); "
-                "raise cache.num_pages or cache.kv_size_gb"
-            )
-        return error
+        return admission_error(num_prompt_tokens, self.max_model_len, self.args, self.kv.num_pages, self.kv.page_size)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -318,6 +309,18 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+
+def admission_error(n: int, max_model_len: int, args: SchedulerArgs, num_pages: int, page_size: int) -> str | None:
+    """Why a prompt of n tokens can never run on a KV cache of num_pages pages of page_size, or None."""
+    error = length_error(n, max_model_len, args)
+    capacity = num_pages * page_size
+    if error is None and n + 1 > capacity:
+        return (
+            f"prompt has {n} tokens but the KV cache holds {capacity} ({num_pages} pages of {page_size}); "
+            "raise cache.num_pages or cache.kv_size_gb"
+        )
+    return error
 
 
 def length_error(n: int, max_model_len: int, args: SchedulerArgs) -> str | None:

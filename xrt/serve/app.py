@@ -1,8 +1,9 @@
 """The FastAPI application: `/v1/completions`, `/v1/chat/completions` (streamed or whole), `/v1/models`,
 `/health`, `/metrics`. A handler checks the key, parses and checks the body (every problem a 400 before anything
-is queued), submits the choices to the engine loop (503 beyond the queue bound) and answers from their deltas;
-a client that leaves, or a handler cancelled at the end of a shutdown's grace period, aborts its requests, so
-nothing a client does can leave pages held. Nothing here touches the engine's state but through the loop."""
+is queued), submits the choices to the engine (`state.loop`, an EngineClient; 503 beyond the queue bound) and
+answers from their deltas; a client that leaves, or a handler cancelled at the end of a shutdown's grace period,
+aborts its requests, so nothing a client does can leave pages held. Nothing here touches the engine but through
+that client, whichever process the engine runs in."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from xrt.config import SamplingArgs, ServeArgs
-from xrt.engine.engine import LLMEngine
+from xrt.config import SamplingArgs, ServeArgs, XrtConfig
+from xrt.engine.admission import Admission
 from xrt.engine.outputs import RequestOutput
+from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger
+from xrt.serve.client import EngineClient, EngineFailed
 from xrt.serve.errors import APIError, error_body
 from xrt.serve.jobs import Job
-from xrt.serve.loop import EngineFailed, EngineLoop
 from xrt.serve.metrics import Metrics, openai_finish_reason
 from xrt.serve.prepare import Prepared, prepare_chat, prepare_completion
 from xrt.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -40,22 +42,59 @@ log = get_logger(__name__)
 
 @dataclass
 class ServerState:
-    engine: LLMEngine
     args: ServeArgs
     model_name: str
     sampling: SamplingArgs  # the defaults of what a request leaves out (cfg.sampling)
     metrics: Metrics
-    loop: EngineLoop
+    loop: EngineClient
     draining: bool = False  # SIGTERM came: new requests get 503 while the ones in flight finish
     started: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def admission(self) -> Admission:
+        return self.loop.admission
 
-def build_state(engine: LLMEngine, args: ServeArgs, model_name: str, sampling: SamplingArgs,
-                max_num_seqs: int) -> ServerState:
-    name = args.served_model_name or model_name
+    def close(self) -> None:
+        """Stops the engine (idempotent: the server's lifespan stops it too)."""
+        self.loop.stop()
+
+
+def build_state(cfg: XrtConfig, tokenizer: Tokenizer | None = None) -> ServerState:
+    """Starts the engine, in a process of its own or on a thread (serve.engine_process), with its model loaded;
+    ValueError or OSError with one line for a model or config that cannot load. The caller closes it.
+    tokenizer: one to use instead of the checkpoint's (dummy weights have none)."""
+    args = cfg.serve
+    name = args.served_model_name or cfg.model.name
     metrics = Metrics(name)
-    loop = EngineLoop(engine, metrics, max_live=max_num_seqs + args.max_queued)
-    return ServerState(engine, args, name, sampling, metrics, loop)
+    max_live = cfg.scheduler.max_num_seqs + args.max_queued
+    loop: EngineClient
+    if args.engine_process:
+        from xrt.serve.in_process import start_process
+
+        loop = start_process(cfg, tokenizer, metrics, max_live)
+    else:
+        from xrt.engine.llm import LLM
+        from xrt.serve.in_thread import ThreadEngine
+
+        loop = ThreadEngine(LLM(cfg, tokenizer=tokenizer), metrics, max_live)
+    return ServerState(args, name, cfg.sampling, metrics, loop)
+
+
+ARRIVAL = "xrt.arrival"
+
+
+class Arrival:
+    """Stamps each HTTP request with the time it reached the application, before routing and the read of its body:
+    the arrival its latencies (TTFT, queue time, E2E) count from, so /metrics sees as much of a client's wait as
+    the server can."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[ARRIVAL] = time.perf_counter()
+        await self.app(scope, receive, send)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -66,6 +105,7 @@ def build_app(state: ServerState) -> FastAPI:
         state.loop.stop()  # after uvicorn's grace period: aborts whatever is left
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Arrival)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -93,7 +133,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def models(request: Request) -> dict[str, Any]:
         _auth(state, request)
         card = {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "xrt",
-                "max_model_len": state.engine.max_model_len}
+                "max_model_len": state.admission.max_model_len}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
@@ -125,7 +165,7 @@ async def _guarded(state: ServerState, request: Request, model: type[BaseModel],
 
 async def _generate(state: ServerState, request: Request, model: type[BaseModel], prepare: Callable[..., Prepared],
                     chat: bool) -> Response:
-    received = time.perf_counter()
+    received = request.scope.get(ARRIVAL) or time.perf_counter()
     _auth(state, request)
     if state.draining:
         raise APIError(503, "the server is shutting down")
@@ -133,9 +173,9 @@ async def _generate(state: ServerState, request: Request, model: type[BaseModel]
     if body.model is not None and body.model != state.model_name:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
                        "model", "model_not_found")
-    prepared = prepare(body, state.engine, state.sampling)
+    prepared = prepare(body, state.admission, state.sampling)
     job = state.loop.submit(prepared.requests, received)
-    shapes = Shapes(chat, state.model_name, prepared.include_usage, state.engine.tokenizer)
+    shapes = Shapes(chat, state.model_name, prepared.include_usage, state.admission.tokenizer)
     if prepared.stream:
         return EventStream(_events(job, shapes, prepared), lambda: state.loop.abort(job))
     collect = asyncio.ensure_future(_collect(job))

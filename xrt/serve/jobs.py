@@ -1,5 +1,6 @@
-"""What the HTTP side and the engine loop share about one HTTP request: a `Job` holds its choices (one engine
-request each) and the asyncio queue their deltas arrive on; a `Choice` carries the timestamps the metrics need."""
+"""One HTTP request as the HTTP side follows it: a `Job` holds its choices (one engine request each) and the asyncio
+queue their deltas arrive on; a `Choice` carries its key (what the engine's core knows it by) and the timestamps the
+metrics need."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from xrt.engine.engine import Request
+from xrt.engine.request import Request
 
 
 @dataclass(eq=False)
@@ -16,8 +17,9 @@ class Choice:
     index: int
     request: Request
     arrival: float
-    request_id: int = -1  # the engine's, once the loop thread queued it
-    last_token_at: float | None = None
+    key: int
+    last_token_at: float | None = None  # when the event loop had its last token
+    first_step_at: float | None = None  # when the step that made its first token ended (the engine's clock)
     queue_timed: bool = False
 
 

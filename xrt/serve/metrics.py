@@ -1,7 +1,8 @@
 """Prometheus `/metrics` through prometheus_client, in an `xrt:` namespace with vLLM's names (what dashboards,
-llm-d's gateway and Ray Serve already scrape) and a `model_name` label. Gauges are set by the engine loop after
-every step; counters and histograms as each step's deltas reach the event loop (xrt.serve.loop: a token's time is
-when the server can send it, the wait for that thread included, not when a client read it). One registry per
+llm-d's gateway and Ray Serve already scrape) and a `model_name` label. Gauges come from the state the engine's
+core sends with every step; counters and histograms are counted as each step's deltas reach the event loop
+(xrt.serve.client: a token's time is when the server can send it, its way from the engine included, not when a
+client read it). One registry per
 server, so two servers in one process (tests) do not share counters."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from xrt.engine.engine import LLMEngine
 from xrt.engine.outputs import StreamOutput
+from xrt.serve.core import EngineState
 from xrt.serve.tier_metrics import TierCollector
 
 if TYPE_CHECKING:
@@ -68,22 +69,35 @@ class Metrics:
         self.e2e = histogram("e2e_request_latency_seconds", "request arrival to its last token", LATENCY_BUCKETS)
         self.queue_time = histogram("request_queue_time_seconds", "request arrival to its first scheduled step",
                                     LATENCY_BUCKETS)
+        # The engine's part of a request, from its steps' own end times: what is left of TTFT past queue and prefill
+        # is the way between the engine and the event loop.
+        self.prefill_time = histogram("request_prefill_time_seconds", "first scheduled step to the end of the step "
+                                      "that made the first token", LATENCY_BUCKETS)
+        self.decode_time = histogram("request_decode_time_seconds", "the step that made the first token to the one "
+                                     "that made the last", LATENCY_BUCKETS)
+        self.inference_time = histogram("request_inference_time_seconds", "first scheduled step to the end of the "
+                                        "last", LATENCY_BUCKETS)
 
-    def engine_state(self, engine: LLMEngine) -> None:
-        self.running.set(engine.num_requests_running)
-        self.waiting.set(engine.num_requests_waiting)
-        self.kv_usage.set(engine.kv_cache_usage)
-        self.tiers.counters = engine.tier_stats(flush=False)
+    def engine_state(self, state: EngineState) -> None:
+        self.running.set(state.running)
+        self.waiting.set(state.waiting)
+        self.kv_usage.set(state.kv_usage)
+        self.tiers.counters = state.tiers
 
-    def observe(self, choice: Choice, delta: StreamOutput, now: float) -> None:
-        if delta.scheduled_at is not None and not choice.queue_timed:
+    def observe(self, choice: Choice, delta: StreamOutput, now: float, at: float) -> None:
+        """now: when the event loop has the delta; at: when the step that made it ended."""
+        scheduled = delta.scheduled_at
+        if scheduled is not None and not choice.queue_timed:
             choice.queue_timed = True
-            self.queue_time.observe(max(delta.scheduled_at - choice.arrival, 0.0))
+            self.queue_time.observe(max(scheduled - choice.arrival, 0.0))
         n = len(delta.token_ids)
         if n:
             self.generation_tokens.inc(n)
             if choice.last_token_at is None:
                 self.ttft.observe(now - choice.arrival)
+                choice.first_step_at = at
+                if scheduled is not None:
+                    self.prefill_time.observe(max(at - scheduled, 0.0))
             else:
                 gap = (now - choice.last_token_at) / n  # tokens read back together share the wait
                 for _ in range(n):
@@ -93,6 +107,10 @@ class Metrics:
         if out is None:
             return
         self.e2e.observe(now - choice.arrival)
+        if scheduled is not None:
+            self.inference_time.observe(max(at - scheduled, 0.0))
+        if choice.first_step_at is not None:
+            self.decode_time.observe(max(at - choice.first_step_at, 0.0))
         self._success.labels(self.model_name, openai_finish_reason(out.finish_reason)).inc()
         num_prompt = len(out.prompt_token_ids)
         self.prompt_tokens.inc(num_prompt)

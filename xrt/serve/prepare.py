@@ -1,4 +1,4 @@
-"""A request body to the engine requests it asks for: its prompts tokenized and checked (`LLMEngine.check_request`:
+"""A request body to the engine requests it asks for: its prompts tokenized and checked (the engine's `Admission`:
 too long for model.max_model_len or the KV cache, bad token ids), its sampling built through the schema (so a bad
 value is refused with the same words as `sampling.*` on the command line), one engine request per choice.
 Everything wrong is an APIError(400) naming the request's field, raised before anything is queued."""
@@ -11,8 +11,9 @@ from typing import Any
 import attrs
 
 from xrt.config import SamplingArgs
-from xrt.engine.engine import LLMEngine, Request
+from xrt.engine.admission import Admission
 from xrt.engine.errors import RequestError
+from xrt.engine.request import Request
 from xrt.engine.validate_sampling import validate_sampling
 from xrt.serve.errors import APIError
 from xrt.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -30,7 +31,7 @@ class Prepared:
     include_usage: bool
 
 
-def prepare_completion(body: CompletionRequest, engine: LLMEngine, defaults: SamplingArgs) -> Prepared:
+def prepare_completion(body: CompletionRequest, admission: Admission, defaults: SamplingArgs) -> Prepared:
     unsupported(body)
     if body.echo:
         raise APIError(400, "echo: not supported", "echo")
@@ -40,12 +41,12 @@ def prepare_completion(body: CompletionRequest, engine: LLMEngine, defaults: Sam
         raise APIError(400, "best_of: not supported (only best_of = n)", "best_of")
     prompts = _prompt_list(body.prompt)
     sampling = _sampling(body, defaults, (body.max_tokens, "max_tokens"), (body.logprobs, "logprobs"))
-    checked = [_check(engine, p, sampling, True, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+    checked = [_check(admission, p, sampling, True, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
                for i, p in enumerate(prompts)]
     return _prepared(body, checked)
 
 
-def prepare_chat(body: ChatCompletionRequest, engine: LLMEngine, defaults: SamplingArgs) -> Prepared:
+def prepare_chat(body: ChatCompletionRequest, admission: Admission, defaults: SamplingArgs) -> Prepared:
     unsupported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
@@ -57,15 +58,15 @@ def prepare_chat(body: ChatCompletionRequest, engine: LLMEngine, defaults: Sampl
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else None
     sampling = _sampling(body, defaults, (limit, name), (top, "top_logprobs"))
-    if engine.tokenizer is None:
+    if admission.tokenizer is None:
         raise APIError(400, "messages: chat needs the checkpoint's tokenizer.json and chat template", "messages")
     messages = [_message(i, m.model_dump(exclude_none=True)) for i, m in enumerate(body.messages)]
     try:
-        text = engine.tokenizer.apply_chat_template(messages)
+        text = admission.tokenizer.apply_chat_template(messages)
     except ValueError as e:  # a message the template refuses (raise_exception), or a template that cannot render
         raise APIError(400, f"messages: {e}", "messages") from None
     # The template writes the special tokens itself, as LLM.chat does.
-    return _prepared(body, [_check(engine, text, sampling, False, "messages")])
+    return _prepared(body, [_check(admission, text, sampling, False, "messages")])
 
 
 def unsupported(body: SamplingFields) -> None:
@@ -134,8 +135,8 @@ def _message(i: int, message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": content or ""}
 
 
-def _check(engine: LLMEngine, prompt: object, sampling: SamplingArgs, add_special: bool, where: str) -> Request:
+def _check(admission: Admission, prompt: object, sampling: SamplingArgs, add_special: bool, where: str) -> Request:
     try:
-        return engine.check_request(prompt, sampling, add_special_tokens=add_special, where=where)
+        return admission.check(prompt, sampling, add_special_tokens=add_special, where=where)
     except RequestError as e:
         raise APIError(400, str(e), where.split("[")[0]) from None

@@ -1,7 +1,7 @@
 """uvicorn around the application. `run` serves in the foreground until SIGTERM or Ctrl-C: on SIGTERM the server
 stops accepting, /health and new requests answer 503, requests in flight get `serve.grace_period_s` to finish
-(uvicorn's graceful shutdown waits for their connections); then the engine loop aborts the rest, so each such
-client still gets a well-formed end (finish_reason "abort", `[DONE]`), the loop stops, and `run` returns 0.
+(uvicorn's graceful shutdown waits for their connections); then the engine aborts the rest, so each such
+client still gets a well-formed end (finish_reason "abort", `[DONE]`), the engine stops, and `run` returns 0.
 `BackgroundServer` runs the same on a thread (tests, a benchmark that starts its own server)."""
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ class BackgroundServer:
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops serving, then the engine (the state is this server's)."""
         self.server.should_exit = True
         self.thread.join(timeout_s)
         self.sock.close()
+        self.state.close()

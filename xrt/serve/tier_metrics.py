@@ -1,5 +1,5 @@
 """The KV tiers' counters on /metrics (cache.tiers set): every key of `TierCounters.as_dict` as an `xrt:kv_tier_*`
-series, read at scrape time from the counters object the engine thread keeps up to date (no flush: a scrape never
+series, from the snapshot the engine's core sends with its state (xrt.serve.core: never flushed, so a scrape never
 waits on the L2 writer or the other ranks, whose counters are as of the last flush). A key ending in a tier's name
 becomes a `tier` label (`hit_tokens_l1` -> `xrt:kv_tier_hit_tokens_total{tier="l1"}`), so one query sums or
 splits tiers; seconds are `_seconds` as Prometheus names them; states (`is_level`) are gauges."""
@@ -7,11 +7,12 @@ splits tiers; seconds are `_seconds` as Prometheus names them; states (`is_level
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from xrt.kvcache.connector import TierCounters, is_level
+from xrt.kvcache.connector import is_level
 
 TIER_SUFFIXES = ("_gpu", "_l1", "_l2")
 
@@ -28,14 +29,14 @@ def series(key: str) -> tuple[str, str | None]:
 class TierCollector(Collector):
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self.counters: TierCounters | None = None  # set by the engine thread once the engine reports tiers
+        self.counters: dict[str, Any] | None = None  # TierCounters.as_dict(), once the engine reports tiers
 
     def collect(self) -> Iterator[Metric]:
         counters = self.counters
         if counters is None:
             return
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        for key, value in counters.as_dict().items():
+        for key, value in counters.items():
             name, tier = series(key)
             family = families.get(name)
             if family is None:
