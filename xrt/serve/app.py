@@ -56,7 +56,7 @@ class ServerState:
 
     def close(self) -> None:
         """Stops the engine (idempotent: the server's lifespan stops it too)."""
-        self.loop.stop()
+        self.loop.close()
 
 
 def build_state(cfg: XrtConfig, tokenizer: Tokenizer | None = None) -> ServerState:
@@ -100,9 +100,9 @@ class Arrival:
 def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.loop.start(asyncio.get_running_loop())
+        await state.loop.start()
         yield
-        state.loop.stop()  # after uvicorn's grace period: aborts whatever is left
+        await state.loop.shutdown()  # after uvicorn's grace period: aborts whatever is left
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Arrival)

@@ -39,12 +39,16 @@ class EngineClient:
 
     # ------------------------------------------------------------------ what a transport provides
 
-    def start(self, aloop: asyncio.AbstractEventLoop) -> None:
-        """Deltas are dispatched on aloop from now on (the server's lifespan starts it)."""
+    async def start(self) -> None:
+        """Deltas are dispatched on the running event loop from now on (the server's lifespan starts it)."""
         raise NotImplementedError
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Aborts what is left and stops the engine (closed: its pages, tiers and ranks released); idempotent."""
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Aborts what is left and stops the engine, the event loop still running (the lifespan's end)."""
+        self.close(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stops the engine (its pages, tiers and ranks released) from outside an event loop too; idempotent."""
         raise NotImplementedError
 
     @property

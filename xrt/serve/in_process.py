@@ -1,7 +1,10 @@
 """The engine in a process of its own (`serve.engine_process=true`, the default), as vLLM runs its EngineCore: the
 HTTP process parses, checks (its copy of the engine's `Admission`), shapes and sends; the engine process only steps.
-They talk over one pipe: ops one way, one message per step the other (its deltas as plain tuples, which pickle
-several times faster than dataclasses, and the engine's state). Neither waits on the other's GIL.
+They talk over one socket pair (xrt.serve.wire's frames): ops one way, one message per step the other (its deltas
+as plain tuples, which pickle several times faster than dataclasses, the engine's state, the step's end time). The
+HTTP side reads and writes it through an asyncio transport, so a burst of requests never blocks its event loop on a
+full pipe; the engine side has a thread that moves ops into the core's inbox as they come. Neither waits on the
+other's GIL.
 
 Start-up: the engine process loads the model and answers ("ready", admission) or ("error", line); `start_process`
 waits for that, so a server listens only once its model is up, and a bad model is one line and exit 2. The engine
@@ -15,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import select
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -23,12 +28,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from xrt.config import XrtConfig
+from xrt.engine.admission import Admission
 from xrt.engine.outputs import StreamOutput
 from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger, set_level
 from xrt.serve.client import EngineClient
 from xrt.serve.core import Core, EngineState, Inbox, Op
 from xrt.serve.metrics import Metrics
+from xrt.serve.wire import Frames, frame, recv, send
 
 log = get_logger(__name__)
 
@@ -37,37 +44,41 @@ class EngineStartError(ValueError):
     """The engine process could not start (the model, the config): its one line."""
 
 
-class ProcessEngine(EngineClient):
-    def __init__(self, proc: Any, conn: Connection, ready: Any, metrics: Metrics, max_live: int) -> None:
-        super().__init__(ready, metrics, max_live)
-        self.proc = proc
-        self.conn = conn
-        self._closed = False
-        self._reading = False
+class _Pipe(asyncio.Protocol):
+    def __init__(self, engine: ProcessEngine) -> None:
+        self.engine = engine
+        self.frames = Frames()
 
-    def start(self, aloop: asyncio.AbstractEventLoop) -> None:
-        self._aloop = aloop
-        aloop.add_reader(self.conn.fileno(), self._readable)
-        self._reading = True
+    def data_received(self, data: bytes) -> None:
+        for msg in self.frames.feed(data):
+            self.engine._handle(msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.engine._gone()
+
+
+class ProcessEngine(EngineClient):
+    def __init__(self, proc: Any, sock: socket.socket, admission: Admission, metrics: Metrics, max_live: int) -> None:
+        super().__init__(admission, metrics, max_live)
+        self.proc = proc
+        self.sock = sock
+        self.transport: asyncio.Transport | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        self._aloop = asyncio.get_running_loop()
+        transport, _ = await self._aloop.create_unix_connection(lambda: _Pipe(self), sock=self.sock)
+        self.transport = transport  # type: ignore[assignment]
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self.proc.is_alive()
+        return not self._closed and self.transport is not None and not self.transport.is_closing()
 
     def _send(self, op: Op) -> None:
-        if self._closed:
+        if self.transport is None or self.transport.is_closing():
+            self._gone()
             return
-        try:
-            self.conn.send(op)
-        except OSError:  # the engine process is gone: its pipe says so to the reader too
-            self._gone()
-
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                self._handle(self.conn.recv())
-        except (EOFError, OSError):
-            self._gone()
+        self.transport.write(frame(op))
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -81,43 +92,41 @@ class ProcessEngine(EngineClient):
 
     def _gone(self) -> None:
         """The pipe closed: the engine process exited, asked to or not."""
-        if self._reading and self._aloop is not None:
-            self._aloop.remove_reader(self.conn.fileno())
-            self._reading = False
         if not self._stopping and self.error is None:
             self.proc.join(1.0)
-            self._failed(f"the engine process exited (exit code {self.proc.exitcode})")
+            code = self.proc.exitcode
+            self._failed("the engine process exited" + ("" if code is None else f" (exit code {code})"))
         self._stopped()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        self._stopping = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frame(("stop",)))
+        # The pipe stays read while the engine aborts and closes: its last messages never back up.
+        deadline = time.monotonic() + timeout_s
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.close()
+
+    def close(self, timeout_s: float = 30.0) -> None:
         if self._closed:
             return
+        self._closed = True
         self._stopping = True
-        try:
-            self.conn.send(("stop",))
-        except OSError:
-            pass
-        # Read what it still sends while it aborts and closes: a full pipe would otherwise hold it up.
-        deadline = time.monotonic() + timeout_s
-        try:
-            while self.proc.is_alive() and time.monotonic() < deadline:
-                if self.conn.poll(0.05):
-                    self._handle(self.conn.recv())
-        except (EOFError, OSError):
-            pass
-        self.proc.join(max(deadline - time.monotonic(), 0.1))
+        if self.transport is None and self.proc.is_alive():  # never started serving: say stop directly
+            try:
+                send(self.sock, ("stop",))
+            except OSError:
+                pass
+        self.proc.join(timeout_s)
         if self.proc.is_alive():
             log.warning(f"the engine process did not stop within {timeout_s:g} s: killed")
             self.proc.kill()
             self.proc.join(5.0)
-        if self._reading and self._aloop is not None:
-            try:
-                self._aloop.remove_reader(self.conn.fileno())
-            except (RuntimeError, ValueError):  # the event loop has closed already
-                pass
-            self._reading = False
-        self._closed = True
-        self.conn.close()
+        if self.transport is not None:
+            self.transport.close()
+        else:
+            self.sock.close()
         self._stopped()
 
 
@@ -125,29 +134,38 @@ def start_process(cfg: XrtConfig, tokenizer: Tokenizer | None, metrics: Metrics,
     """Starts the engine process and waits for its model to load; EngineStartError with its line if it cannot.
     tokenizer: one to use instead of the checkpoint's (it goes to the engine process pickled)."""
     ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA, threads, an event loop
-    conn, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=engine_main, args=(cfg, tokenizer, child), name="xrt-engine")
+    # A multiprocessing pipe only to hand the engine process its end of a socket pair; the frames are xrt's.
+    ours, theirs = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=engine_main, args=(cfg, tokenizer, theirs), name="xrt-engine")
     proc.start()
-    child.close()
+    theirs.close()
+    sock = _socket_of(ours)
     try:
-        while not conn.poll(0.2):
+        while not select.select([sock], [], [], 0.2)[0]:
             if not proc.is_alive():
                 raise EOFError
-        msg = conn.recv()
+        msg = recv(sock)
     except (EOFError, OSError):
         proc.join(5.0)
-        conn.close()
+        sock.close()
         raise EngineStartError(f"the engine process exited while starting (exit code {proc.exitcode})") from None
     except BaseException:  # Ctrl-C while the model loads
         proc.kill()
         proc.join(5.0)
-        conn.close()
+        sock.close()
         raise
     if msg[0] != "ready":
         proc.join(30.0)
-        conn.close()
+        sock.close()
         raise EngineStartError(msg[1])
-    return ProcessEngine(proc, conn, msg[1], metrics, max_live)
+    return ProcessEngine(proc, sock, msg[1], metrics, max_live)
+
+
+def _socket_of(conn: Connection) -> socket.socket:
+    """The socket under a duplex multiprocessing pipe (a socket pair on POSIX), which then closes."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(conn.fileno()))
+    conn.close()
+    return sock
 
 
 # ---------------------------------------------------------------------------- in the engine process
@@ -157,6 +175,7 @@ def engine_main(cfg: XrtConfig, tokenizer: Tokenizer | None, conn: Connection) -
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_level(cfg.log_level.value)
+    sock = _socket_of(conn)
     from xrt.engine.llm import LLM
 
     try:
@@ -165,39 +184,40 @@ def engine_main(cfg: XrtConfig, tokenizer: Tokenizer | None, conn: Connection) -
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
         known = isinstance(e, (ValueError, OSError))
-        _send_quietly(conn, ("error", str(e) if known else f"{type(e).__name__}: {e}"))
+        _send_quietly(sock, ("error", str(e) if known else f"{type(e).__name__}: {e}"))
+        sock.close()
         return
     try:
-        conn.send(("ready", llm.engine.admission))
+        send(sock, ("ready", llm.engine.admission))
         inbox = Inbox()
-        threading.Thread(target=_read_ops, args=(conn, inbox), name="xrt-engine-ops", daemon=True).start()
-        Core(llm.engine, lambda items, state, at: _send_step(conn, items, state, at)).run(inbox)
-        _send_quietly(conn, ("stopped",))
+        threading.Thread(target=_read_ops, args=(sock, inbox), name="xrt-engine-ops", daemon=True).start()
+        Core(llm.engine, lambda items, state, at: _send_step(sock, items, state, at)).run(inbox)
+        _send_quietly(sock, ("stopped",))
     except BaseException as e:  # noqa: BLE001 -- reported to the HTTP process (every client, /health)
         if os.environ.get("XRT_DEBUG", "") not in ("", "0"):
             traceback.print_exc()
-        _send_quietly(conn, ("failed", f"{type(e).__name__}: {e}"))
+        _send_quietly(sock, ("failed", f"{type(e).__name__}: {e}"))
     finally:
         llm.close()
-        conn.close()
+        sock.close()
 
 
-def _read_ops(conn: Connection, inbox: Inbox) -> None:
-    """Takes ops off the pipe as they come, so the HTTP process never waits on a full pipe while a step runs."""
+def _read_ops(sock: socket.socket, inbox: Inbox) -> None:
+    """Takes ops off the pipe as they come, so they wait in the inbox, not in the pipe, while a step runs."""
     try:
         while True:
-            inbox.put(conn.recv())
+            inbox.put(recv(sock))
     except (EOFError, OSError):  # the HTTP process has gone: end everything
         inbox.put(("stop",))
 
 
-def _send_step(conn: Connection, items: list[tuple[int, StreamOutput]], state: EngineState, at: float) -> None:
-    conn.send(("step", [(key, d.token_ids, d.text, d.output, d.scheduled_at, d.logprobs) for key, d in items],
-               state, at))
+def _send_step(sock: socket.socket, items: list[tuple[int, StreamOutput]], state: EngineState, at: float) -> None:
+    send(sock, ("step", [(key, d.token_ids, d.text, d.output, d.scheduled_at, d.logprobs) for key, d in items],
+                state, at))
 
 
-def _send_quietly(conn: Connection, msg: tuple[Any, ...]) -> None:
+def _send_quietly(sock: socket.socket, msg: tuple[Any, ...]) -> None:
     try:
-        conn.send(msg)
+        send(sock, msg)
     except OSError:  # the HTTP process has gone already
         pass

@@ -28,8 +28,8 @@ class ThreadEngine(EngineClient):
         self._thread = threading.Thread(target=self._run, name="xrt-engine-core", daemon=True)
         self._closed = False
 
-    def start(self, aloop: asyncio.AbstractEventLoop) -> None:
-        self._aloop = aloop
+    async def start(self) -> None:
+        self._aloop = asyncio.get_running_loop()
         self._thread.start()
 
     @property
@@ -39,7 +39,7 @@ class ThreadEngine(EngineClient):
     def _send(self, op: Op) -> None:
         self._inbox.put(op)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
         if self._closed:
             return
         self._closed = True

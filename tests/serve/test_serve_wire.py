@@ -1,0 +1,97 @@
+"""The pipe between the HTTP process and the engine's (xrt.serve.wire, xrt.serve.in_process): frames come out whole
+and in order however the bytes are cut, and the HTTP side's writes never block or fail when the engine side is not
+reading (a burst of long prompts while a step runs): they are buffered, under the plain asyncio loop and uvloop
+(which turns its file descriptors non-blocking, so a plain blocking send there fails once the socket is full)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from xrt.serve.in_process import ProcessEngine  # noqa: E402
+from xrt.serve.metrics import Metrics  # noqa: E402
+from xrt.serve.wire import Frames, frame, recv, send  # noqa: E402
+
+
+def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut() -> None:
+    rng = random.Random(0)
+    objs: list[Any] = [("add", i, list(range(rng.randrange(0, 3000)))) for i in range(50)] + [("stop",), {}, b""]
+    data = b"".join(frame(o) for o in objs)
+    frames, got, i = Frames(), [], 0
+    while i < len(data):
+        k = rng.choice([1, 2, 7, 8, 9, 100, 5000, 70000])
+        got += frames.feed(data[i:i + k])
+        i += k
+    assert got == objs
+
+
+def test_a_socket_pair_carries_frames_both_ways() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        send(a, ("ready", [1, 2, 3]))
+        assert recv(b) == ("ready", [1, 2, 3])
+        a.close()
+        with pytest.raises(EOFError):
+            recv(b)
+
+
+class _Alive:
+    """Stands in for the engine's process: alive until told otherwise."""
+
+    exitcode = None
+
+    def is_alive(self) -> bool:
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def _loops() -> list[str]:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return ["asyncio"]
+    return ["asyncio", "uvloop"]
+
+
+@pytest.mark.parametrize("loop", _loops())
+def test_the_http_side_buffers_a_burst_the_engine_side_is_not_reading(loop: str) -> None:
+    ours, theirs = socket.socketpair()
+    ops = [("add", i, list(range(1000, 3000))) for i in range(400)]  # about 2 MB: many times what the socket holds
+    got: list[Any] = []
+
+    async def burst() -> None:
+        engine = ProcessEngine(_Alive(), ours, None, Metrics("m"), max_live=1000)  # type: ignore[arg-type]
+        await engine.start()
+        for op in ops:  # one go, as handlers do between two steps: nothing reads the other end yet
+            engine._send(op)
+        assert engine.error is None and engine.alive
+
+        def drain() -> None:
+            time.sleep(0.2)  # the engine side is busy in a step
+            for _ in ops:
+                got.append(recv(theirs))
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        while reader.is_alive():
+            await asyncio.sleep(0.01)  # the event loop runs on, flushing what was buffered
+        engine.transport.close()  # type: ignore[union-attr]
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(burst())
+    else:
+        asyncio.run(burst())
+    theirs.close()
+    assert got == ops
