@@ -1,7 +1,13 @@
 """`xrt serve` with executor=cudagraph on the GPU, under load: 48 streaming clients arriving over time, so requests
 join and leave the overlapped decode (each step's input tokens taken from the previous step's in-graph argmax)
 between steps; every stream equals what the same engine generates offline, and no page is left held. A tiny Qwen3
-shape with head_dim 128 (FlashInfer's), dummy bf16 weights and the tiny checkpoint's tokenizer, so outputs are text."""
+shape with head_dim 128 (FlashInfer's), dummy bf16 weights and the tiny checkpoint's tokenizer, so outputs are text.
+
+bf16 is not batch-invariant: the server's batches are not offline's, so a GEMM may pick another kernel and round
+differently, which flips a greedy choice between two tokens whose logits are a rounding apart (the dummy weights'
+logits are close together). A stream may therefore leave the offline text, but only at such a near tie of the
+offline run (its top two logprobs within TIE), and only a few streams may; anything else (a wrong token, streams
+mixed up, one lost) fails."""
 
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from xrt.engine.tokenizer import Tokenizer  # noqa: E402
 
 MODEL = "graph-tiny"
 CLIENTS = 48
+TIE = 0.02  # nats between the offline run's two most likely tokens: a choice bf16 rounding can flip
 
 
 def config() -> XrtConfig:
@@ -59,9 +66,8 @@ def test_streams_under_load_equal_offline(tiny_checkpoint: str, engine_process: 
     tokenizer = Tokenizer(tiny_checkpoint)
     work = workload()
     with LLM(config(), tokenizer=tokenizer) as llm:
-        want = [o.text for o in llm.generate([p for p, _ in work],
-                                              [SamplingArgs(max_tokens=m, ignore_eos=True) for _, m in work],
-                                              use_tqdm=False)]
+        want = llm.generate([p for p, _ in work],
+                            [SamplingArgs(max_tokens=m, ignore_eos=True, logprobs=2) for _, m in work], use_tqdm=False)
     with running_server(config(), tokenizer=tokenizer, engine_process=engine_process) as server:
         if not engine_process:  # the same config in its own process runs the same path
             engine = server.state.loop.engine
@@ -88,4 +94,17 @@ def test_streams_under_load_equal_offline(tiny_checkpoint: str, engine_process: 
         got = asyncio.run(everyone())
         assert metrics(server.url)[f'xrt:kv_cache_usage_perc{{model_name="{MODEL}"}}'] == 0.0
     assert [n for _, n in got] == [m for _, m in work]
-    assert [t for t, _ in got] == want
+    left = [i for i, (text, _) in enumerate(got) if text != want[i].text]
+    for i in left:
+        k = _first_different_token(tokenizer, want[i].token_ids, got[i][0])
+        top = want[i].logprobs[k].top
+        assert top[0][1] - top[1][1] < TIE, f"stream {i} left the offline text at token {k}, not a near tie: {top}"
+    assert len(left) <= CLIENTS // 8, f"{len(left)} of {CLIENTS} streams left the offline text: {left}"
+
+
+def _first_different_token(tokenizer: Tokenizer, ids: list[int], text: str) -> int:
+    """The first of the offline tokens whose text the streamed text does not continue with."""
+    for k in range(len(ids)):
+        if not text.startswith(tokenizer.decode(ids[:k + 1])):
+            return k
+    raise AssertionError("the streamed text continues past the offline one")

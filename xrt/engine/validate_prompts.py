@@ -38,7 +38,8 @@ def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None 
     if not isinstance(prompt, (list, tuple)):
         raise RequestError(where, f"expected text or a list of token ids, got {type(prompt).__name__}", index)
     # bool is an int subclass and numpy integers are not ints: both by Integral, bool excluded.
-    if all(type(t) is int for t in prompt) and (not prompt or 0 <= min(prompt) and max(prompt) < vocab_size):
+    # set(map(type, ...)) runs in C: the common case (plain ints, in range) costs a few microseconds per thousand ids.
+    if not prompt or set(map(type, prompt)) == {int} and 0 <= min(prompt) and max(prompt) < vocab_size:
         return list(prompt)
     for pos, t in enumerate(prompt):
         if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab_size:

@@ -98,8 +98,8 @@ def _prompt_list(prompt: object) -> list[Any]:
     assert isinstance(prompt, list)
     if not prompt:
         raise APIError(400, "prompt: is empty", "prompt")
-    if all(isinstance(t, int) for t in prompt):
-        return [prompt]  # one prompt of token ids
+    if isinstance(prompt[0], int):
+        return [prompt]  # one prompt of token ids (the body's validation made every item an int)
     return list(prompt)
 
 

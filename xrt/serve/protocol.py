@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 
 class StreamOptions(BaseModel):
@@ -38,7 +38,10 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Strict members tried in order: a 1024-id prompt validates more than ten times faster than in the default smart
+    # union mode (each member's lax coercions tried for every id), and an id must be a JSON integer (not 1.0, "1"
+    # or true).
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]] = Field(union_mode="left_to_right")
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
