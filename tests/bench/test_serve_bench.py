@@ -126,7 +126,8 @@ def test_a_server_it_cannot_reach_is_one_line(capsys: pytest.CaptureFixture[str]
                f"bench.out_dir={tmp_path}"])
     _, err = capsys.readouterr()
     assert rc == 2
-    assert err.startswith(f"error: bench.url: GET http://127.0.0.1:{port}/v1/models: ConnectError")
+    assert err.startswith(f"error: bench.url: GET http://127.0.0.1:{port}/v1/models: ClientConnectorError: "
+                          "Cannot connect")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 

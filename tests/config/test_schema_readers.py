@@ -80,7 +80,7 @@ DISTRIBUTIONS = {"yaml": "pyyaml", "hydra": "hydra-core", "nixl_cu12": "nixl-cu1
 # imported only where their extra is installed (CUDA kernels, the benchmark's peer and plot, the Hub cache lookup)
 EXTRAS = {"triton": "cuda", "flashinfer": "cuda", "transformers": "bench", "matplotlib": "bench",
           "huggingface_hub": "hub", "nixl_cu12": "kv", "boto3": "kv", "botocore": "kv", "fastapi": "serve",
-          "uvicorn": "serve", "prometheus_client": "serve", "pydantic": "serve", "httpx": "bench", "optuna": "sweep",
+          "uvicorn": "serve", "prometheus_client": "serve", "pydantic": "serve", "aiohttp": "bench", "optuna": "sweep",
           "uvloop": "serve"}  # uvloop: also the serve benchmark client's, when installed
 # tried before / after the kv extra's wheel (xrt/kvstore/nixl_api.py): what a GPU user installs in its place
 ALTERNATIVES = {"nixl", "nixl_cu13"}

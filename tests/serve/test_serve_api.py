@@ -5,6 +5,9 @@ many concurrent streams; a client that leaves frees its pages."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,6 +235,52 @@ def test_metrics_count_tokens_and_latencies(client: Any, server: Any) -> None:
                  "prefix_cache_queries_total"):
         assert f"xrt:{name}" in text, name
     assert 'request_success_total{finished_reason="length",model_name="qwen3-tiny"}' in text
+
+
+def test_a_streams_latencies_are_read_as_its_chunks_are_written(server: Any) -> None:
+    """TTFT, ITL and E2E of a streamed request, one observation per token: the server's TTFT runs from the request's
+    first bytes to its first chunk written, inside what the client waited (from before it sent to after it read),
+    and past the engine's part (queue + prefill)."""
+    names = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+             "request_queue_time_seconds", "request_prefill_time_seconds")
+    before = {n: (metric(server.url, f"{n}_sum"), metric(server.url, f"{n}_count")) for n in names}
+    body = {"model": MODEL, "prompt": "The river " * 20, "max_tokens": 6, "ignore_eos": True, "stream": True}
+    with httpx.Client() as http:
+        start = time.perf_counter()
+        with http.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: {"))
+            client_ttft = time.perf_counter() - start
+            rest = list(lines)
+    assert json.loads(first[6:])["choices"] and rest[-2:] == ["data: [DONE]", ""]
+    took = {n: metric(server.url, f"{n}_sum") - before[n][0] for n in names}
+    counts = {n: metric(server.url, f"{n}_count") - before[n][1] for n in names}
+    assert counts == dict.fromkeys(names, 1) | {"inter_token_latency_seconds": 5}
+    ttft = took["time_to_first_token_seconds"]
+    assert took["request_queue_time_seconds"] + took["request_prefill_time_seconds"] < ttft < client_ttft
+    assert ttft + took["inter_token_latency_seconds"] == pytest.approx(took["e2e_request_latency_seconds"])
+
+
+def test_a_requests_arrival_is_its_first_bytes(server: Any) -> None:
+    """The latencies count from the first bytes of a request (uvicorn's protocol stamps it), not from when its
+    headers were complete and the application was called: a client that sends its request line, waits, then the
+    rest, sees that wait in the server's E2E."""
+    pytest.importorskip("httptools")
+    pause_s = 0.5
+    e2e_before = metric(server.url, "e2e_request_latency_seconds_sum")
+    payload = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 1}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
+        time.sleep(pause_s)
+        sock.sendall(b"Host: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+    e2e = metric(server.url, "e2e_request_latency_seconds_sum") - e2e_before
+    assert e2e >= pause_s
 
 
 def test_the_engines_part_of_a_requests_latency_fits_inside_what_the_server_saw(server: Any) -> None:

@@ -68,8 +68,8 @@ def run_serve(cfg: XrtConfig, progress: Progress) -> list[Record]:
     given = config_dict(cfg)
     cfg = serve_config(cfg)
     b = cfg.bench
-    if importlib.util.find_spec("httpx") is None:
-        raise BenchError("bench.scenario: serve's client needs httpx (pip install 'xrt[bench]')")
+    if importlib.util.find_spec("aiohttp") is None:
+        raise BenchError("bench.scenario: serve's client needs aiohttp (pip install 'xrt[bench]')")
     ins, outs = serve_lengths(cfg)
     warm = list(range(min(b.warmup, b.num_requests)))
     device = resolve_device(cfg)

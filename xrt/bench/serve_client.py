@@ -9,8 +9,10 @@ once, untimed; one failing stops the run), then each request at its offset from 
 TTFT to the first chunk carrying a choice, one ITL per later such chunk, E2EL to the end of the stream; its output
 tokens come from the usage chunk (`stream_options.include_usage`). The server's own TTFT, queue and prefill
 histograms are read from its /metrics before and after the timed requests, so the clocks can be compared, and
-the HTTP round trip of GET /v1/models just before them. Imports httpx (uvloop when installed), the standard library and
-xrt.progress, no torch, so it starts in a fraction of a second."""
+the HTTP round trip of GET /v1/models just before them. Its HTTP client is aiohttp, as `vllm bench serve`'s is: its C
+parser reads a stream's chunks in a fraction of httpx's time, which is the client's own share of every TTFT and ITL
+(bench/results/h200-issue24-s3). Imports aiohttp (uvloop when installed), the standard library and xrt.progress, no
+torch, so it starts in a fraction of a second."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import time
 import traceback
 from typing import Any
 
-import httpx
+import aiohttp
 
 from xrt.log import set_level
 from xrt.progress import Progress
@@ -67,7 +69,7 @@ def body(model: str, prompt: list[int], max_tokens: int) -> bytes:
     }).encode()
 
 
-async def send(client: httpx.AsyncClient, url: str, headers: dict[str, str], payload: bytes, prompt_len: int,
+async def send(client: aiohttp.ClientSession, url: str, headers: dict[str, str], payload: bytes, prompt_len: int,
                t0: float) -> dict[str, Any]:
     """One streamed request; its timings in seconds (`start` from t0) and what went wrong, if anything."""
     start = time.perf_counter()
@@ -78,18 +80,22 @@ async def send(client: httpx.AsyncClient, url: str, headers: dict[str, str], pay
     cached: int | None = None
     error: str | None = None
     done = False
+    end = start
     try:
-        async with client.stream("POST", url, content=payload, headers=headers) as response:
-            if response.status_code != 200:
-                error = _error_text(response.status_code, await response.aread())
+        async with client.post(url, data=payload, headers=headers) as response:
+            if response.status != 200:
+                error = _error_text(response.status, await response.read())
             else:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                async for line in response.content:  # one SSE line at a time
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
+                        # Read on to the end of the body, never leave it: a response left unread closes its
+                        # connection, and the next request would wait for a new one.
                         done = True
-                        break
+                        end = time.perf_counter()
+                        continue
                     chunk = json.loads(data)
                     if chunk.get("error"):
                         error = f"stream error: {chunk['error'].get('message', chunk['error'])}"
@@ -105,9 +111,9 @@ async def send(client: httpx.AsyncClient, url: str, headers: dict[str, str], pay
                         usage = chunk["usage"]
                         output_tokens = usage.get("completion_tokens")
                         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    except (httpx.HTTPError, OSError, ValueError) as e:  # ValueError: a chunk that is not JSON
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:  # ValueError: a chunk not JSON
         error = f"{type(e).__name__}: {e}"
-    latency = time.perf_counter() - start
+    latency = (end if done else time.perf_counter()) - start
     if error is None and not done:
         error = "the stream ended before data: [DONE]"
     if error is None and ttft is None:
@@ -118,47 +124,52 @@ async def send(client: httpx.AsyncClient, url: str, headers: dict[str, str], pay
             "prompt_len": prompt_len, "output_tokens": output_tokens, "cached_tokens": cached}
 
 
-async def _model(client: httpx.AsyncClient, base: str, headers: dict[str, str]) -> str:
+async def _get(client: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async with client.get(url, headers=headers) as response:
+        return response.status, await response.read()
+
+
+async def _model(client: aiohttp.ClientSession, base: str, headers: dict[str, str]) -> str:
     try:
-        response = await client.get(f"{base}/v1/models", headers=headers)
-    except httpx.HTTPError as e:
+        status, content = await _get(client, f"{base}/v1/models", headers)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise LoadError(f"bench.url: GET {base}/v1/models: {type(e).__name__}: {e}") from None
-    if response.status_code != 200:
-        raise LoadError(f"bench.url: GET {base}/v1/models: {_error_text(response.status_code, response.content)}")
+    if status != 200:
+        raise LoadError(f"bench.url: GET {base}/v1/models: {_error_text(status, content)}")
     try:
-        return str(response.json()["data"][0]["id"])
+        return str(json.loads(content)["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise LoadError(f"bench.url: GET {base}/v1/models: no model listed") from None
 
 
-async def round_trip(client: httpx.AsyncClient, base: str, headers: dict[str, str]) -> float | None:
+async def round_trip(client: aiohttp.ClientSession, base: str, headers: dict[str, str]) -> float | None:
     """The median of RTT_SAMPLES sequential GET /v1/models, in seconds: what this client and the server's HTTP layer
     cost a request without the engine, the "plus HTTP" of a served TTFT against the offline one. None if refused."""
     times = []
     for _ in range(RTT_SAMPLES):
         start = time.perf_counter()
         try:
-            response = await client.get(f"{base}/v1/models", headers=headers)
-        except httpx.HTTPError:
+            status, _ = await _get(client, f"{base}/v1/models", headers)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return None
-        if response.status_code != 200:
+        if status != 200:
             return None
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-async def histograms(client: httpx.AsyncClient, base: str) -> dict[str, dict[str, float]] | None:
+async def histograms(client: aiohttp.ClientSession, base: str) -> dict[str, dict[str, float]] | None:
     """sum and count of the SERVER_HISTOGRAMS on the server's /metrics (one scrape), each over its label sets,
     whatever the namespace (`xrt:`, `vllm:`); a histogram the server lacks is left out; None when it has no
     /metrics."""
     try:
-        response = await client.get(f"{base}/metrics")
-    except httpx.HTTPError:
+        status, content = await _get(client, f"{base}/metrics")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return None
-    if response.status_code != 200:
+    if status != 200:
         return None
     found: dict[str, dict[str, float]] = {}
-    for line in response.text.splitlines():
+    for line in content.decode("utf-8", "replace").splitlines():
         if not line or line.startswith("#"):
             continue
         series, _, value = line.rpartition(" ")
@@ -176,9 +187,10 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     base = spec["base_url"].rstrip("/")
     url = f"{base}/v1/completions"
     headers = _headers(spec.get("api_key", ""))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # AsyncClient holds 100 by default
-    timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no bound on connections (a session holds 100 by default)
+    timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S)
+    # read_bufsize: one SSE line (an event) may hold a long text or many logprobs.
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**20) as client:
         model = spec.get("model") or await _model(client, base, headers)
         warm = [send(client, url, headers, body(model, p, spec["warmup_max_tokens"]), len(p), time.perf_counter())
                 for p in spec["warmup_prompts"]]

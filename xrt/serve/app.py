@@ -28,6 +28,7 @@ from xrt.engine.admission import Admission
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger
+from xrt.serve.arrival import ARRIVAL, Arrival
 from xrt.serve.client import EngineClient, EngineFailed
 from xrt.serve.errors import APIError, error_body
 from xrt.serve.jobs import Job
@@ -78,23 +79,6 @@ def build_state(cfg: XrtConfig, tokenizer: Tokenizer | None = None) -> ServerSta
 
         loop = ThreadEngine(LLM(cfg, tokenizer=tokenizer), metrics, max_live)
     return ServerState(args, name, cfg.sampling, metrics, loop)
-
-
-ARRIVAL = "xrt.arrival"
-
-
-class Arrival:
-    """Stamps each HTTP request with the time it reached the application, before routing and the read of its body:
-    the arrival its latencies (TTFT, queue time, E2E) count from, so /metrics sees as much of a client's wait as
-    the server can."""
-
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            scope[ARRIVAL] = time.perf_counter()
-        await self.app(scope, receive, send)
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -174,10 +158,11 @@ async def _generate(state: ServerState, request: Request, model: type[BaseModel]
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
                        "model", "model_not_found")
     prepared = prepare(body, state.admission, state.sampling)
-    job = state.loop.submit(prepared.requests, received)
+    job = state.loop.submit(prepared.requests, received, stream=prepared.stream)
     shapes = Shapes(chat, state.model_name, prepared.include_usage, state.admission.tokenizer)
     if prepared.stream:
-        return EventStream(_events(job, shapes, prepared), lambda: state.loop.abort(job))
+        sent = Sent(state.metrics, job)
+        return EventStream(_events(job, shapes, prepared, sent), lambda: state.loop.abort(job), sent)
     collect = asyncio.ensure_future(_collect(job))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
@@ -246,7 +231,24 @@ async def _collect(job: Job) -> list[RequestOutput]:
     return [o for o in outputs if o is not None]
 
 
-async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator[str]:
+class Sent:
+    """The tokens of the chunk being written, timed (Metrics.delivered) once the write has returned: the moment the
+    server has handed them to the connection."""
+
+    def __init__(self, metrics: Metrics, job: Job) -> None:
+        self.metrics = metrics
+        self.job = job
+        self.pending: list[tuple[int, int, bool]] = []  # (choice index, tokens, its last delta)
+
+    def __call__(self) -> None:
+        if self.pending:
+            now = time.perf_counter()
+            for index, num_tokens, last in self.pending:
+                self.metrics.delivered(self.job.choices[index], num_tokens, last, now)
+            self.pending.clear()
+
+
+async def _events(job: Job, shapes: Shapes, prepared: Prepared, sent: Sent) -> AsyncIterator[str]:
     """The SSE events of a streamed request: each choice's text as it comes (a chat choice opens with its role), with
     the logprobs of its tokens when it asked, its finish reason on its last chunk, usage last when asked for
     (`stream_options.include_usage`), `[DONE]`. The deltas already waiting on the job's queue go out in one write,
@@ -274,12 +276,14 @@ async def _events(job: Job, shapes: Shapes, prepared: Prepared) -> AsyncIterator
                 # by chunks, and a long silence would read as one late token.
                 if item.token_ids or item.logprobs:
                     texts.append(shapes.chunk(index, item.text, logprobs=item.logprobs))
+                    sent.pending.append((index, len(item.token_ids), False))
                 continue
             left -= 1
             outputs[index] = item.output
             text = item.text or (None if shapes.chat and not item.logprobs else "")
             texts.append(shapes.chunk(index, text, openai_finish_reason(item.output.finish_reason),
                                       logprobs=item.logprobs))
+            sent.pending.append((index, len(item.token_ids), True))
         if texts:
             yield "".join(texts)
     tail = [shapes.usage_chunk([o for o in outputs if o is not None], prepared.n)] if shapes.include_usage else []

@@ -1,7 +1,8 @@
 """The HTTP side of the engine: `EngineClient` takes a handler's choices (`submit`, 503 beyond the queue bound) and
 aborts (`abort`, `abort_all`), sends them to the core as ops, and hands each step's deltas to the jobs' queues on
-the event loop's thread (`_dispatch`), where the metrics read their times: a token counts as delivered when the
-server can send it, the way from the engine (a pipe, the GIL) included. Its transports (`in_thread`, `in_process`)
+the event loop's thread (`_dispatch`), where the metrics read the engine's times, and a whole answer's latencies:
+a token counts as delivered when the server can send it, the way from the engine (a pipe, the GIL) included (a
+stream's tokens when their chunk is written: xrt.serve.app). Its transports (`in_thread`, `in_process`)
 say how ops reach the core and deltas come back; everything else about a request's life is here, the same for
 both."""
 
@@ -70,10 +71,11 @@ class EngineClient:
         """Choices submitted and not finished."""
         return len(self._choices)
 
-    def submit(self, requests: list[Request], received: float | None = None) -> Job:
+    def submit(self, requests: list[Request], received: float | None = None, stream: bool = False) -> Job:
         """Queues a request's choices (on the event loop's thread); APIError 503 beyond the queue bound.
         received: perf_counter() when the server got the request, the arrival its latencies count from (reading
-        and checking the body is part of what a client waits for)."""
+        and checking the body is part of what a client waits for). stream: its handler times its tokens as it
+        writes them (Metrics.delivered); otherwise they are timed here, as they reach the event loop."""
         if not self.running:
             raise APIError(503, "the server is shutting down" if self.error is None else
                            f"the engine stopped on an error: {self.error}")
@@ -81,7 +83,7 @@ class EngineClient:
             raise APIError(503, f"the server holds {self.live} requests, its limit is {self.max_live} "
                            "(scheduler.max_num_seqs running + serve.max_queued waiting); retry later",
                            code="queue_full")
-        job = Job(asyncio.Queue())
+        job = Job(asyncio.Queue(), stream=stream)
         now = time.perf_counter() if received is None else received
         job.choices = [Choice(job, i, r, now, next(self._keys)) for i, r in enumerate(requests)]
         job.unfinished = len(requests)
@@ -111,15 +113,17 @@ class EngineClient:
     # ------------------------------------------------------------------ deltas in, on the event loop's thread
 
     def _dispatch(self, items: list[tuple[int, StreamOutput]], state: EngineState, at: float) -> None:
-        # Latencies are read here, when the event loop has the tokens to send, not when the step ended: the way from
-        # the engine is part of what a client waits for.
+        # A whole answer's latencies are read here, when the event loop has the tokens, not when the step ended: the
+        # way from the engine is part of what a client waits for (a stream's, when each chunk is written).
         now = time.perf_counter()
         self.metrics.engine_state(state)
         for key, delta in items:
             choice = self._choices.get(key)
             if choice is None:
                 continue
-            self.metrics.observe(choice, delta, now, at)
+            self.metrics.engine_part(choice, delta, at)
+            if not choice.job.stream:
+                self.metrics.delivered(choice, len(delta.token_ids), delta.output is not None, now)
             if delta.output is not None:
                 del self._choices[key]
                 choice.job.unfinished -= 1

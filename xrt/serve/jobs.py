@@ -18,7 +18,7 @@ class Choice:
     request: Request
     arrival: float
     key: int
-    last_token_at: float | None = None  # when the event loop had its last token
+    last_token_at: float | None = None  # when its last token was handed on (Metrics.delivered)
     first_step_at: float | None = None  # when the step that made its first token ended (the engine's clock)
     queue_timed: bool = False
 
@@ -31,6 +31,7 @@ class Job:
     choices: list[Choice] = field(default_factory=list)
     unfinished: int = 0  # choices without their last delta (counted on the event loop's thread)
     aborted: bool = False
+    stream: bool = False  # its chunks are timed as they are written (app._events), not as they reach the loop
 
     @property
     def done(self) -> bool:

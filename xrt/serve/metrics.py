@@ -1,9 +1,11 @@
 """Prometheus `/metrics` through prometheus_client, in an `xrt:` namespace with vLLM's names (what dashboards,
 llm-d's gateway and Ray Serve already scrape) and a `model_name` label. Gauges come from the state the engine's
-core sends with every step; counters and histograms are counted as each step's deltas reach the event loop
-(xrt.serve.client: a token's time is when the server can send it, its way from the engine included, not when a
-client read it). One registry per
-server, so two servers in one process (tests) do not share counters."""
+core sends with every step; counters and the engine's times (queue, prefill, decode, inference) are counted as each
+step's deltas reach the event loop (xrt.serve.client), the client's latencies (TTFT, ITL, E2E) when the server hands
+the tokens on: a streamed chunk once it is written to the connection (xrt.serve.app), so what a client waits for,
+from the request's first bytes (xrt.serve.arrival) to its token on the wire, is on the server's clock but the
+network and the client's own parsing. One registry per server, so two servers in one process (tests) do not share
+counters."""
 
 from __future__ import annotations
 
@@ -84,8 +86,9 @@ class Metrics:
         self.kv_usage.set(state.kv_usage)
         self.tiers.counters = state.tiers
 
-    def observe(self, choice: Choice, delta: StreamOutput, now: float, at: float) -> None:
-        """now: when the event loop has the delta; at: when the step that made it ended."""
+    def engine_part(self, choice: Choice, delta: StreamOutput, at: float) -> None:
+        """What a delta says of the engine's work, when it reaches the event loop: tokens, queue and prefill times,
+        and at a request's end its decode and inference times and finish. at: when the step that made it ended."""
         scheduled = delta.scheduled_at
         if scheduled is not None and not choice.queue_timed:
             choice.queue_timed = True
@@ -93,20 +96,13 @@ class Metrics:
         n = len(delta.token_ids)
         if n:
             self.generation_tokens.inc(n)
-            if choice.last_token_at is None:
-                self.ttft.observe(now - choice.arrival)
+            if choice.first_step_at is None:
                 choice.first_step_at = at
                 if scheduled is not None:
                     self.prefill_time.observe(max(at - scheduled, 0.0))
-            else:
-                gap = (now - choice.last_token_at) / n  # tokens read back together share the wait
-                for _ in range(n):
-                    self.itl.observe(gap)
-            choice.last_token_at = now
         out = delta.output
         if out is None:
             return
-        self.e2e.observe(now - choice.arrival)
         if scheduled is not None:
             self.inference_time.observe(max(at - scheduled, 0.0))
         if choice.first_step_at is not None:
@@ -119,3 +115,18 @@ class Metrics:
         for tier, tokens in out.cached_tokens.items():
             if tokens:
                 self._cached.labels(self.model_name, tier).inc(tokens)
+
+    def delivered(self, choice: Choice, num_tokens: int, last: bool, now: float) -> None:
+        """The client's latencies (TTFT, ITL, E2E), read when the server hands a choice's tokens on: a streamed
+        chunk once it is written to the connection, a whole answer when its last delta reaches the event loop.
+        last: the choice's last delta (its end)."""
+        if num_tokens:
+            if choice.last_token_at is None:
+                self.ttft.observe(now - choice.arrival)
+            else:
+                gap = (now - choice.last_token_at) / num_tokens  # tokens sent together share the wait
+                for _ in range(num_tokens):
+                    self.itl.observe(gap)
+            choice.last_token_at = now
+        if last:
+            self.e2e.observe(now - choice.arrival)

@@ -16,6 +16,7 @@ import uvicorn
 
 from xrt.log import get_logger
 from xrt.serve.app import ServerState, build_app
+from xrt.serve.arrival import http_protocol
 
 log = get_logger(__name__)
 
@@ -65,8 +66,9 @@ _BACKSTOP_S = 5.0
 
 def _config(state: ServerState, debug: bool) -> uvicorn.Config:
     # xrt logs its own lines; uvicorn's per-request access lines only at log_level=debug.
-    return uvicorn.Config(build_app(state), lifespan="on", log_level="info" if debug else "warning",
-                          access_log=debug, timeout_graceful_shutdown=state.args.grace_period_s + _BACKSTOP_S)
+    return uvicorn.Config(build_app(state), http=http_protocol(), lifespan="on",
+                          log_level="info" if debug else "warning", access_log=debug,
+                          timeout_graceful_shutdown=state.args.grace_period_s + _BACKSTOP_S)
 
 
 def _ignore(sig: int, frame: FrameType | None) -> None:

@@ -1,7 +1,8 @@
 """Server-sent events whose requests end when the client does. A task watches the connection for
 `http.disconnect` from the first byte on, so a client that leaves while its request is still queued, or between
 tokens, aborts it at once (`on_close`), not at the next write; the same `on_close` runs however the response
-ends (finished, the client gone, the handler cancelled at the end of a shutdown's grace period)."""
+ends (finished, the client gone, the handler cancelled at the end of a shutdown's grace period). `on_sent` runs
+after each event's write has returned (its bytes handed to the connection)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class EventStream(StreamingResponse):
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None],
+                 on_sent: Callable[[], None] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._events = events
         self._on_close = on_close
+        self._on_sent = on_sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
@@ -29,6 +32,8 @@ class EventStream(StreamingResponse):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for text in self._events:
                 await send({"type": "http.response.body", "body": text.encode("utf-8"), "more_body": True})
+                if self._on_sent is not None:
+                    self._on_sent()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # servers of ASGI spec 2.4 raise on a write to a closed connection
             pass
