@@ -120,13 +120,16 @@ def build_app(state: ServerState) -> FastAPI:
                 "max_model_len": state.admission.max_model_len}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _guarded(state, request, CompletionRequest, prepare_completion, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _guarded(state, request, ChatCompletionRequest, prepare_chat, chat=True)
+
+    # Starlette's plain routes, not FastAPI's: the handlers read the Request themselves, and FastAPI's
+    # per-request dependency solving would only be time inside every TTFT.
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
     return app
 
@@ -189,6 +192,11 @@ def _auth(state: ServerState, request: Request) -> None:
 
 async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
     raw = await request.body()
+    try:
+        # pydantic's own JSON parser in one pass; a body it refuses is read again below for the problem's words.
+        return model.model_validate_json(raw)
+    except ValidationError:
+        pass
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
