@@ -144,7 +144,8 @@ def test_picked_config_on_model_shapes(device: torch.device, dtype: torch.dtype,
 @pytest.mark.parametrize("layer", sorted(QWEN3_06B))
 @pytest.mark.parametrize("M", [1, 4, 8])
 def test_every_candidate_config_is_correct(device: torch.device, layer: str, M: int) -> None:
-    """scripts/bench_gemv.py times these; a wrong one must not win. ~90 kernel compiles on a cold cache."""
+    """The gemv kernel bench (bench.scenario=kernels) times these; a wrong one must not win. ~90 kernel compiles on a
+    cold cache."""
     N, K = QWEN3_06B[layer]
     check_configs(device, torch.bfloat16, M, N, K, gemv_module().candidate_configs(M, N, K))
 

@@ -1,6 +1,7 @@
 """The skinny GEMM's launch configs (`xrt.kernels.gemv`, which re-exports these names): `GemvConfig` and its
 checks, the H200 measurements, `prefer_gemv` (where the kernel beats cuBLAS), the heuristic for unmeasured
-shapes, and the candidates scripts/bench_gemv.py times. Fixed per shape, never autotuned."""
+shapes, and the candidates the gemv kernel bench (`xrt bench bench.scenario=kernels bench.kernels=[gemv]`)
+times. Fixed per shape, never autotuned."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def _split_k(K: int, block_k: int, tiles: int) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
-# Winners of scripts/bench_gemv.py on the H200 (bench/results/h200-microbench/gemv.md), keyed (N, K, M):
+# Winners of the gemv kernel bench (then scripts/bench_gemv.py) on the H200 (bench/results/h200-microbench/gemv.md),
+# keyed (N, K, M):
 # the Qwen3-0.6B decode shapes at M = 1 and 8.
 _MEASURED = {
     (4096, 1024, 1): GemvConfig(1, 2, 512, 2),
@@ -119,7 +121,7 @@ def _fma_fits(cfg: GemvConfig, K: int) -> bool:
 
 
 def candidate_configs(M: int, N: int, K: int) -> list[GemvConfig]:
-    """A few plausible configs for a shape, the heuristic's first, for scripts/bench_gemv.py to time."""
+    """A few plausible configs for a shape, the heuristic's first, for the gemv kernel bench to time."""
     out = [pick_config(M, N, K)]
 
     def add(cfg: GemvConfig) -> None:
