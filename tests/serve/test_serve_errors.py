@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 
@@ -20,7 +21,7 @@ openai = pytest.importorskip("openai")
 from conftest import tiny_config  # noqa: E402
 from serve_helpers import clients, metric, running_server, wait_until  # noqa: E402
 
-from xrt.config import SchedulerArgs  # noqa: E402
+from xrt.config import SamplingArgs, SchedulerArgs  # noqa: E402
 from xrt.serve.server import BackgroundServer  # noqa: E402
 
 MODEL = "qwen3-tiny"
@@ -173,6 +174,26 @@ def test_an_engine_process_that_dies_fails_its_streams_and_health_says_so(tiny_c
         assert "engine error: the engine process exited (exit code -9)" in rest
         check_error(httpx.get(f"{server.url}/health"), 503, "exit code -9")
         check_error(post(server, {"model": MODEL, "prompt": "hi"}), 503, "the engine stopped on an error")
+
+
+def test_an_engine_process_whose_http_side_has_gone_ends_its_requests_and_exits(tiny_checkpoint: str) -> None:
+    """The HTTP process killed with requests in the engine: the engine's process sees its pipe close, aborts them and
+    exits by itself (exit code 0), holding no GPU or port."""
+    from xrt.serve.in_process import start_process
+    from xrt.serve.metrics import Metrics
+    from xrt.serve.wire import frame
+
+    engine = start_process(tiny_config(tiny_checkpoint), None, Metrics(MODEL), 8)
+    try:
+        request = engine.admission.check("The river " * 50, attrs.evolve(SamplingArgs(), max_tokens=5000,
+                                                                         ignore_eos=True))
+        engine.sock.sendall(frame(("add", 0, request)) + frame(("add", 1, request)))
+        engine.sock.close()  # no stop: the pipe just closes, as when the HTTP process dies
+        engine.proc.join(60)
+        assert engine.proc.exitcode == 0
+    finally:
+        if engine.proc.is_alive():
+            engine.proc.kill()
 
 
 KEYS = ["prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",

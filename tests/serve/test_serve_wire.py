@@ -1,7 +1,9 @@
 """The pipe between the HTTP process and the engine's (xrt.serve.wire, xrt.serve.in_process): frames come out whole
 and in order however the bytes are cut, and the HTTP side's writes never block or fail when the engine side is not
 reading (a burst of long prompts while a step runs): they are buffered, under the plain asyncio loop and uvloop
-(which turns its file descriptors non-blocking, so a plain blocking send there fails once the socket is full)."""
+(which turns its file descriptors non-blocking, so a plain blocking send there fails once the socket is full). The
+engine's side reads the pipe as the core's inbox (`PipeInbox`): never blocking in `take`, waking `wait` when an op
+comes, one stop op when the HTTP side has gone."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from xrt.serve.in_process import ProcessEngine  # noqa: E402
+from xrt.serve.in_process import PipeInbox, ProcessEngine  # noqa: E402
 from xrt.serve.metrics import Metrics  # noqa: E402
 from xrt.serve.wire import Frames, frame, recv, send  # noqa: E402
 
@@ -95,3 +97,30 @@ def test_the_http_side_buffers_a_burst_the_engine_side_is_not_reading(loop: str)
         asyncio.run(burst())
     theirs.close()
     assert got == ops
+
+
+def test_the_engines_inbox_takes_ops_whole_without_blocking_and_stops_when_the_pipe_closes() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        inbox = PipeInbox(b, spin_s=0.001)
+        assert inbox.take() == []  # nothing there: no wait
+        ops = [("add", i, list(range(i * 500))) for i in range(6)]
+        data = b"".join(frame(op) for op in ops)
+        a.sendall(data[:1000])  # an op cut anywhere waits for the rest of it
+        taken = inbox.take()
+        a.sendall(data[1000:])
+        while len(taken) < len(ops):
+            inbox.wait(5.0)
+            taken += inbox.take()
+        assert taken == ops
+        # An idle core sleeps in wait until an op comes (after its spin), not for its whole timeout.
+        threading.Timer(0.2, lambda: a.sendall(frame(("abort", [3])))).start()
+        start = time.monotonic()
+        inbox.wait(30.0)
+        assert time.monotonic() - start < 10.0 and inbox.take() == [("abort", [3])]
+        a.close()  # the HTTP process has gone
+        inbox.wait(30.0)
+        assert inbox.take() == [("stop",)] and inbox.take() == []
+        start = time.monotonic()
+        inbox.wait(30.0)  # a closed pipe never puts the core to sleep
+        assert time.monotonic() - start < 10.0

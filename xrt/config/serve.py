@@ -35,3 +35,9 @@ class ServeArgs:
         "hundreds of streams) never holds up a step and the engine never holds up a response; false: a thread of the "
         "HTTP process, sharing its GIL",
     )
+    idle_spin_ms: float = field(
+        10.0, help="with serve.engine_process, how long the engine's process keeps polling its pipe when it has gone "
+        "idle before it sleeps: a request that comes within it (the next one of a client that sends one after "
+        "another) is taken without a wake-up, which costs a cold process tenths of a millisecond of its TTFT; one "
+        "core is busy for that long after each burst of work. 0: sleep at once", unit="ms", validator=ge(0),
+    )

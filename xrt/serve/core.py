@@ -1,9 +1,9 @@
 """The engine's side of a server. `Core` owns the LLMEngine and runs `step_stream()` while any request is live; the
-HTTP side's ops (add, abort, abort every request, stop) wait in an `Inbox` and are taken between steps, so no step
-waits on a client; each step's deltas, keyed by the HTTP side's choice keys, go to `emit` with a snapshot of the
-engine's state for /metrics and the time the step ended. It knows no transport: `in_thread` runs it on a thread of
-the HTTP process, `in_process` in a process of its own, and the two differ only in how ops arrive and deltas
-leave.
+HTTP side's ops (add, abort, abort every request, stop) wait in its inbox (`OpSource`) and are taken between steps,
+so no step waits on a client; each step's deltas, keyed by the HTTP side's choice keys, go to `emit` with a snapshot
+of the engine's state for /metrics and the time the step ended. It knows no transport: `in_thread` runs it on a
+thread of the HTTP process, `in_process` in a process of its own, and the two differ only in how ops arrive and
+deltas leave.
 
 Every added key ends with exactly one last delta (its `output` set; finish_reason "abort" when it was aborted), unless
 the core itself fails: then the HTTP side ends what it holds."""
@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from xrt.engine.engine import LLMEngine
 from xrt.engine.outputs import StreamOutput
@@ -36,6 +36,18 @@ class EngineState(NamedTuple):
     waiting: int
     kv_usage: float
     tiers: dict[str, Any] | None  # TierCounters.as_dict(), None without tiers
+
+
+class OpSource(Protocol):
+    """Where the core takes its ops: `Inbox` (the engine on a thread), in_process.PipeInbox (in a process)."""
+
+    def take(self) -> list[Op]:
+        """The ops that have come since the last take, without waiting."""
+        ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Returns when an op may have come, or after timeout_s."""
+        ...
 
 
 class Inbox:
@@ -75,7 +87,7 @@ class Core:
         self._tiers: dict[str, Any] | None = None
         self._tiers_at = 0.0
 
-    def run(self, inbox: Inbox) -> None:
+    def run(self, inbox: OpSource) -> None:
         """Until a stop op has come and every request has ended (a stop aborts them). An exception leaves it: the
         transport reports it."""
         engine = self.engine

@@ -3,8 +3,10 @@ HTTP process parses, checks (its copy of the engine's `Admission`), shapes and s
 They talk over one socket pair (xrt.serve.wire's frames): ops one way, one message per step the other (its deltas
 as plain tuples, which pickle several times faster than dataclasses, the engine's state, the step's end time). The
 HTTP side reads and writes it through an asyncio transport, so a burst of requests never blocks its event loop on a
-full pipe; the engine side has a thread that moves ops into the core's inbox as they come. Neither waits on the
-other's GIL.
+full pipe (what the engine has not read yet waits in that transport's buffer); the engine's core reads the pipe
+itself between steps (`PipeInbox`), and when it goes idle polls it for `serve.idle_spin_ms` before it sleeps in
+`select`, so the next request of a client that sends one after another is taken without waking a process. Neither
+waits on the other's GIL.
 
 Start-up: the engine process loads the model and answers ("ready", admission) or ("error", line); `start_process`
 waits for that, so a server listens only once its model is up, and a bad model is one line and exit 2. The engine
@@ -21,7 +23,6 @@ import os
 import select
 import signal
 import socket
-import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -33,11 +34,13 @@ from xrt.engine.outputs import StreamOutput
 from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger, set_level
 from xrt.serve.client import EngineClient
-from xrt.serve.core import Core, EngineState, Inbox, Op
+from xrt.serve.core import Core, EngineState, Op
 from xrt.serve.metrics import Metrics
 from xrt.serve.wire import Frames, frame, recv, send
 
 log = get_logger(__name__)
+
+READ_BYTES = 1 << 20  # at most, per read of the pipe on the engine's side
 
 
 class EngineStartError(ValueError):
@@ -189,8 +192,7 @@ def engine_main(cfg: XrtConfig, tokenizer: Tokenizer | None, conn: Connection) -
         return
     try:
         send(sock, ("ready", llm.engine.admission))
-        inbox = Inbox()
-        threading.Thread(target=_read_ops, args=(sock, inbox), name="xrt-engine-ops", daemon=True).start()
+        inbox = PipeInbox(sock, cfg.serve.idle_spin_ms / 1e3)
         Core(llm.engine, lambda items, state, at: _send_step(sock, items, state, at)).run(inbox)
         _send_quietly(sock, ("stopped",))
     except BaseException as e:  # noqa: BLE001 -- reported to the HTTP process (every client, /health)
@@ -202,13 +204,53 @@ def engine_main(cfg: XrtConfig, tokenizer: Tokenizer | None, conn: Connection) -
         sock.close()
 
 
-def _read_ops(sock: socket.socket, inbox: Inbox) -> None:
-    """Takes ops off the pipe as they come, so they wait in the inbox, not in the pipe, while a step runs."""
-    try:
-        while True:
-            inbox.put(recv(sock))
-    except (EOFError, OSError):  # the HTTP process has gone: end everything
-        inbox.put(("stop",))
+class PipeInbox:
+    """The pipe from the HTTP process as the core's inbox (`Inbox`'s take / wait), read by the core's own thread. The
+    socket stays blocking for the step messages `send` writes; reads never block (MSG_DONTWAIT) but in `wait`."""
+
+    def __init__(self, sock: socket.socket, spin_s: float) -> None:
+        self.sock = sock
+        self.spin_s = spin_s
+        self.frames = Frames()
+        self._ops: list[Op] = []
+        self._closed = False
+        self._spun = False  # this idle spell has had its spin: a core that sleeps on wakes only from select
+
+    def _read(self) -> bool:
+        """Parses whatever the pipe holds now into ops; True if it held anything (or has closed)."""
+        got = False
+        while not self._closed:
+            try:
+                data = self.sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:  # the HTTP process has gone: end everything
+                self._closed = True
+                self._ops.append(("stop",))
+                return True
+            self._ops.extend(self.frames.feed(data))
+            got = True
+        return got
+
+    def take(self) -> list[Op]:
+        self._read()
+        ops, self._ops = self._ops, []
+        if ops:
+            self._spun = False
+        return ops
+
+    def wait(self, timeout_s: float) -> None:
+        if self._ops or self._closed:
+            return
+        if not self._spun:
+            self._spun = True
+            deadline = time.perf_counter() + self.spin_s
+            while time.perf_counter() < deadline:
+                if self._read():
+                    return
+        select.select([self.sock], [], [], timeout_s)
 
 
 def _send_step(sock: socket.socket, items: list[tuple[int, StreamOutput]], state: EngineState, at: float) -> None:
