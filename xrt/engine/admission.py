@@ -26,11 +26,12 @@ class Admission:
     page_size: int
 
     def check(self, prompt: object, sampling: SamplingArgs, *, add_special_tokens: bool = True,
-              where: str = "prompt", index: int | None = None) -> Request:
+              where: str = "prompt", index: int | None = None, ints: bool = False) -> Request:
         """Tokenizes and checks one prompt (sampling already validated); RequestError naming `where` for text that is
         not valid Unicode, token ids that are not ints in [0, vocab_size), an empty prompt, or one that can never
-        run: no room under model.max_model_len, more than the KV cache holds."""
-        checked = check_prompt(prompt, where, self.vocab_size, index)
+        run: no room under model.max_model_len, more than the KV cache holds. ints: token ids known to be plain
+        ints (check_prompt)."""
+        checked = check_prompt(prompt, where, self.vocab_size, index, ints)
         text: str | None = None
         if isinstance(checked, str):
             if self.tokenizer is None:

@@ -27,8 +27,10 @@ def as_prompt_list(prompts: object) -> tuple[list[object], bool]:
     return list(prompts), False
 
 
-def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None = None) -> Prompt:
-    """The prompt as the engine takes it (token ids as a list of plain ints); RequestError naming `where`."""
+def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None = None, ints: bool = False) -> Prompt:
+    """The prompt as the engine takes it (token ids as a list of plain ints); RequestError naming `where`. ints: the
+    caller knows token ids to be plain ints already (a request body validated as such): only their range is
+    checked."""
     if isinstance(prompt, str):
         try:
             prompt.encode("utf-8")
@@ -39,7 +41,7 @@ def check_prompt(prompt: object, where: str, vocab_size: int, index: int | None 
         raise RequestError(where, f"expected text or a list of token ids, got {type(prompt).__name__}", index)
     # bool is an int subclass and numpy integers are not ints: both by Integral, bool excluded.
     # set(map(type, ...)) runs in C: the common case (plain ints, in range) costs a few microseconds per thousand ids.
-    if not prompt or set(map(type, prompt)) == {int} and 0 <= min(prompt) and max(prompt) < vocab_size:
+    if not prompt or (ints or set(map(type, prompt)) == {int}) and 0 <= min(prompt) and max(prompt) < vocab_size:
         return list(prompt)
     for pos, t in enumerate(prompt):
         if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < vocab_size:

@@ -33,7 +33,7 @@ from xrt.serve.client import EngineClient, EngineFailed
 from xrt.serve.errors import APIError, error_body
 from xrt.serve.jobs import Job
 from xrt.serve.metrics import Metrics, openai_finish_reason
-from xrt.serve.prepare import Prepared, prepare_chat, prepare_completion
+from xrt.serve.prepare import Prepared, SamplingCache, prepare_chat, prepare_completion
 from xrt.serve.protocol import ChatCompletionRequest, CompletionRequest
 from xrt.serve.responses import DONE, Shapes, event
 from xrt.serve.sse import EventStream
@@ -50,6 +50,10 @@ class ServerState:
     loop: EngineClient
     draining: bool = False  # SIGTERM came: new requests get 503 while the ones in flight finish
     started: int = field(default_factory=lambda: int(time.time()))
+    samplings: SamplingCache = field(init=False)  # a request's sampling over `sampling`
+
+    def __post_init__(self) -> None:
+        self.samplings = SamplingCache(self.sampling)
 
     @property
     def admission(self) -> Admission:
@@ -160,7 +164,7 @@ async def _generate(state: ServerState, request: Request, model: type[BaseModel]
     if body.model is not None and body.model != state.model_name:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
                        "model", "model_not_found")
-    prepared = prepare(body, state.admission, state.sampling)
+    prepared = prepare(body, state.admission, state.samplings)
     job = state.loop.submit(prepared.requests, received, stream=prepared.stream)
     shapes = Shapes(chat, state.model_name, prepared.include_usage, state.admission.tokenizer)
     if prepared.stream:

@@ -31,7 +31,31 @@ class Prepared:
     include_usage: bool
 
 
-def prepare_completion(body: CompletionRequest, admission: Admission, defaults: SamplingArgs) -> Prepared:
+class SamplingCache:
+    """The server's `validate_sampling` over its defaults (`sampling.*`), remembered per distinct set of values a
+    request gives: clients send the same few sets again and again, and each build through the schema is time in
+    every TTFT. What it returns is shared by the requests that gave the same values (nothing changes a request's
+    SamplingArgs: a choice's seed is a new one, attrs.evolve)."""
+
+    SIZE = 1024  # distinct sets kept; past it the cache starts again
+
+    def __init__(self, defaults: SamplingArgs) -> None:
+        self.defaults = defaults
+        self._built: dict[tuple[Any, ...], SamplingArgs] = {}
+
+    def __call__(self, given: dict[str, Any]) -> SamplingArgs:
+        """RequestError for values the schema refuses (never remembered)."""
+        key = tuple((k, type(v), tuple(v) if isinstance(v, list) else v) for k, v in given.items())
+        built = self._built.get(key)
+        if built is None:
+            built = validate_sampling(given, self.defaults)
+            if len(self._built) >= self.SIZE:
+                self._built.clear()
+            self._built[key] = built
+        return built
+
+
+def prepare_completion(body: CompletionRequest, admission: Admission, defaults: SamplingCache) -> Prepared:
     unsupported(body)
     if body.echo:
         raise APIError(400, "echo: not supported", "echo")
@@ -46,7 +70,7 @@ def prepare_completion(body: CompletionRequest, admission: Admission, defaults: 
     return _prepared(body, checked)
 
 
-def prepare_chat(body: ChatCompletionRequest, admission: Admission, defaults: SamplingArgs) -> Prepared:
+def prepare_chat(body: ChatCompletionRequest, admission: Admission, defaults: SamplingCache) -> Prepared:
     unsupported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
@@ -103,7 +127,7 @@ def _prompt_list(prompt: object) -> list[Any]:
     return list(prompt)
 
 
-def _sampling(body: SamplingFields, defaults: SamplingArgs, max_tokens: tuple[int | None, str],
+def _sampling(body: SamplingFields, defaults: SamplingCache, max_tokens: tuple[int | None, str],
               logprobs: tuple[int | None, str]) -> SamplingArgs:
     """The request's sampling over the server's defaults (`sampling.*`); None leaves a default alone, but for
     logprobs: a request that asks for none gets none, whatever `sampling.logprobs` says. max_tokens, logprobs: the
@@ -113,8 +137,7 @@ def _sampling(body: SamplingFields, defaults: SamplingArgs, max_tokens: tuple[in
              "stop": stop, "ignore_eos": body.ignore_eos,
              "top_k": 0 if body.top_k == -1 else body.top_k}  # -1: vLLM's "all", 0 here
     try:
-        return validate_sampling({**{k: v for k, v in given.items() if v is not None}, "logprobs": logprobs[0]},
-                                 defaults)
+        return defaults({**{k: v for k, v in given.items() if v is not None}, "logprobs": logprobs[0]})
     except RequestError as e:
         name = e.field.removeprefix("sampling.").split("[")[0]
         name = {"max_tokens": max_tokens[1], "logprobs": logprobs[1]}.get(name, name)
@@ -137,6 +160,8 @@ def _message(i: int, message: dict[str, Any]) -> dict[str, Any]:
 
 def _check(admission: Admission, prompt: object, sampling: SamplingArgs, add_special: bool, where: str) -> Request:
     try:
-        return admission.check(prompt, sampling, add_special_tokens=add_special, where=where)
+        # A list here is token ids the body's model validated as JSON integers (protocol.CompletionRequest).
+        return admission.check(prompt, sampling, add_special_tokens=add_special, where=where,
+                               ints=isinstance(prompt, list))
     except RequestError as e:
         raise APIError(400, str(e), where.split("[")[0]) from None
