@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import sys
 import weakref
 from dataclasses import dataclass
@@ -224,6 +226,26 @@ def test_cli_throughput_counts_every_token(capsys: pytest.CaptureFixture[str], t
     assert x["input_tokens"] == sum(i for i, _ in lens) and x["output_tokens"] == sum(o for _, o in lens)
     assert x["tokens_per_s"] == pytest.approx((x["input_tokens"] + x["output_tokens"]) / x["wall_s"])
     assert "| eager | qwen3-tiny |" in (tmp_path / "results.md").read_text()
+
+
+def test_throughput_invocations_each_run_in_a_process_of_their_own(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """bench.invocations=3: three processes, none of them this one; the record's tokens/s is the median invocation's,
+    with each one's and their spread; the tokens counted are the scenario's."""
+    r = _bench(capsys, tmp_path, "bench.scenario=throughput", "bench.num_requests=4", "bench.min_len=3",
+               "bench.max_len=9", "bench.iters=1", "bench.invocations=3")
+    assert r.returncode == 0, r.stderr
+    (x,) = _lines(tmp_path)
+    pids = x["invocation_pids"]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    lens = random_lengths(4, 3, 9, seed=0)
+    assert x["input_tokens"] == sum(i for i, _ in lens) and x["output_tokens"] == sum(o for _, o in lens)
+    tps = x["tokens_per_s_invocations"]
+    assert len(tps) == 3 and len(x["wall_s_all"]) == 3
+    assert x["tokens_per_s"] == pytest.approx(statistics.median(tps))
+    assert x["tokens_per_s_spread"] == pytest.approx((max(tps) - min(tps)) / statistics.median(tps))
+    assert x["invocations"] == 3 and x["config"]["bench"]["invocations"] == 3
+    assert f"| 3: {', '.join(f'{t:.0f}' for t in tps)} (" in (tmp_path / "results.md").read_text()
 
 
 def test_cli_rejects_lengths_past_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

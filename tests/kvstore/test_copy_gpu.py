@@ -13,6 +13,7 @@ from xrt.config import L2Args
 from xrt.kvstore.copy import ChunkCopier
 from xrt.kvstore.l1 import L1Cache
 from xrt.kvstore.l2 import L2Store
+from xrt.kvstore.nixl_api import NixlUnavailable
 
 # (store_programs, load_programs): the copy kernel both ways with a few programs, DMA both ways, the defaults
 COPIES = [(3, 3), (0, 0), (16, 0)]
@@ -34,7 +35,10 @@ def test_gather_scatter_on_the_side_stream(device: torch.device, tmp_path: Path,
     view = l1.slot_view(slot)
     assert torch.equal(view[:, 0], kv[:, 5].cpu()) and torch.equal(view[:, 1], kv[:, 2].cpu())
 
-    l2 = L2Store(L2Args(), tmp_path, "ab" * 32, l1)
+    try:
+        l2 = L2Store(L2Args(), tmp_path, "ab" * 32, l1)
+    except NixlUnavailable as e:  # the L1 half above has run; the L2 half needs a NIXL wheel installed
+        pytest.skip(str(e))
     assert l2.store([(key(0), slot, None)]) == [key(0)]
     other = l1.reserve(key(1))
     assert l2.load([(key(0), other)]).crcs[0] is not None

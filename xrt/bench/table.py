@@ -81,17 +81,25 @@ def _throughput_table(rows: list[Record]) -> list[str]:
         "## Throughput (all requests submitted at once)",
         "",
         "| executor | model | device | requests | lengths | input tokens | output tokens | wall s "
-        "| tokens/s | output tokens/s |",
-        "|---|---|---|--:|---|--:|--:|--:|--:|--:|",
+        "| tokens/s | output tokens/s | invocations: tokens/s (spread) |",
+        "|---|---|---|--:|---|--:|--:|--:|--:|--:|---|",
     ]
     # Labelled as the latency rows are: a sweep's rows differ by the fields it varies.
     for r, label in zip(rows, row_labels(rows), strict=True):
         lines.append(
             f"| {label} | {r['model']} | {r['device_name']} | {r['num_requests']} "
             f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
-            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} |"
+            f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} | {_invocations(r)} |"
         )
     return lines
+
+
+def _invocations(r: Record) -> str:
+    """`bench.invocations` > 1: each process's tokens/s and (max - min) / median; else 1."""
+    tps = r.get("tokens_per_s_invocations")
+    if not tps:
+        return "1"
+    return f"{len(tps)}: {', '.join(f'{t:.0f}' for t in tps)} ({r['tokens_per_s_spread']:.0%})"
 
 
 NOTES = [

@@ -78,6 +78,10 @@ def run_job(
             from xrt.bench.latency import run_latency
 
             records = run_latency(cfg, progress, peers=peers)
+        elif cfg.bench.scenario is BenchScenario.THROUGHPUT and cfg.bench.invocations > 1:
+            from xrt.bench.invocations import run_invocations
+
+            records = run_invocations(cfg, progress)
         elif cfg.bench.scenario is BenchScenario.THROUGHPUT:
             from xrt.bench.throughput import run_throughput
 

@@ -104,6 +104,11 @@ class BenchArgs:
     )
     min_len: int = field(100, help="throughput scenario: shortest input/output length", validator=ge(1))
     max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
+    invocations: int = field(
+        1, help="throughput scenario: processes it runs in, one after another, each loading the model and taking its "
+        "bench.iters timed runs; the record gives each one's tokens/s, the median and their spread (invocations of "
+        "one code have differed more than any change measured with one)", validator=ge(1),
+    )
     kernels: list[KernelGroup] = field(
         factory=lambda: list(KernelGroup),
         help="kernels scenario: the comparisons run (elementwise, gemv, decode_attention, flashinfer)",
