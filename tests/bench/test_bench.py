@@ -245,7 +245,10 @@ def test_throughput_invocations_each_run_in_a_process_of_their_own(capsys: pytes
     assert x["tokens_per_s"] == pytest.approx(statistics.median(tps))
     assert x["tokens_per_s_spread"] == pytest.approx((max(tps) - min(tps)) / statistics.median(tps))
     assert x["invocations"] == 3 and x["config"]["bench"]["invocations"] == 3
-    assert f"| 3: {', '.join(f'{t:.0f}' for t in tps)} (" in (tmp_path / "results.md").read_text()
+    md = (tmp_path / "results.md").read_text()
+    assert f"| 3: {', '.join(f'{t:.0f}' for t in tps)} (" in md
+    walls = x["wall_s_all"]
+    assert f"| {x['wall_s']:.2f} ({min(walls):.2f}–{max(walls):.2f}) |" in md  # every run's spread beside the median
 
 
 def test_cli_rejects_lengths_past_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

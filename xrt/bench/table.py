@@ -88,10 +88,18 @@ def _throughput_table(rows: list[Record]) -> list[str]:
     for r, label in zip(rows, row_labels(rows), strict=True):
         lines.append(
             f"| {label} | {r['model']} | {r['device_name']} | {r['num_requests']} "
-            f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {r['wall_s']:.2f} "
+            f"| {r['min_len']}..{r['max_len']} | {r['input_tokens']} | {r['output_tokens']} | {_walls(r)} "
             f"| {r['tokens_per_s']:.0f} | {r['output_tokens_per_s']:.0f} | {_invocations(r)} |"
         )
     return lines
+
+
+def _walls(r: Record) -> str:
+    """The median timed run's wall seconds, (min–max) over every run (of every invocation) when there were several:
+    runs of one workload in one process differ more than invocations do (bench/NOTES.md)."""
+    walls = r.get("wall_s_all") or [r["wall_s"]]
+    median = f"{r['wall_s']:.2f}"
+    return median if len(walls) < 2 else f"{median} ({min(walls):.2f}–{max(walls):.2f})"
 
 
 def _invocations(r: Record) -> str:
