@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from xrt.bench.anchors import load_xllm
 from xrt.bench.cells import label_order
@@ -21,11 +22,12 @@ from xrt.bench.report import main as report_main
 from xrt.bench.report import regenerate
 from xrt.bench.results import write_records
 from xrt.bench.setup import BenchError, bench_config, decode_bucket
-from xrt.bench.table import render_markdown
+from xrt.bench.table import _peer, render_markdown
 from xrt.bench.workload import random_lengths, random_prompts
 from xrt.cli.main import main
 from xrt.config import (
     BenchArgs,
+    BenchPeer,
     BenchScenario,
     Device,
     DType,
@@ -191,6 +193,34 @@ def test_cli_latency_with_hf_peer_writes_jsonl_table_and_plot(
     rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager |")]
     assert len(rows) == 2
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_compiled_peer_decodes_what_the_eager_peer_decodes() -> None:
+    """bench.peer=compile: HF's decode step under torch.compile on a StaticCache (kept per batch size, emptied for
+    each run) gives the greedy tokens of HF as it comes, run after run. Weights drawn wide so tokens vary."""
+    from xrt.bench.clock import StepClock
+    from xrt.bench.peer_hf import HfPeer
+    from xrt.models.tiny import tiny_model_args
+
+    cfg = XrtConfig(model=tiny_model_args(), device=Device.CPU,
+                    bench=BenchArgs(input_len=8, output_len=6, peer=BenchPeer.COMPILE))
+    device, clock = torch.device("cpu"), StepClock(torch.device("cpu"))
+    eager = HfPeer(cfg, device, torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in eager.model.parameters():
+            p.normal_(0.0, 0.5)
+    compiled = HfPeer(cfg, device, torch.float32, compiled=True)
+    compiled.model.load_state_dict(eager.model.state_dict())
+    prompts = [[(7 * i + 3 * j) % 1000 for j in range(8)] for i in range(2)]
+    eager.time_batch(clock, prompts, 6)
+    for _ in range(2):
+        timing = compiled.time_batch(clock, prompts, 6)
+        assert compiled.last_tokens is not None and torch.equal(compiled.last_tokens, eager.last_tokens)
+    assert eager.last_tokens.shape == (2, 6) and len(set(eager.last_tokens[0].tolist())) > 1
+    assert timing.prefill_steps == 1 and timing.tpot_ms > 0
+    md_row = _peer({"peer": "compile", "peer_tpot_ms": 1.5}, "tpot")
+    assert md_row == "1.500 (compiled)" and _peer({"peer": "hf", "peer_tpot_ms": 1.5}, "tpot") == "1.500"
 
 
 def test_cli_multirun_jobs_share_one_table_and_the_peer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def run_latency(
         "adjusted": adjusted(given, config_dict(cfg)),
     }
     peer: dict[int, Any] = {}
-    if b.peer is BenchPeer.HF:
+    if b.peer is not BenchPeer.NONE:
         with peers.locked() if peers else nullcontext():
             peer = peers.lookup(base) if peers else {}
             todo = [x for x in b.batch if x not in peer]

@@ -12,7 +12,7 @@ from xrt.bench.engine_timing import Progress, summarize
 from xrt.bench.peer_hf import HfPeer
 from xrt.bench.results import Record
 from xrt.bench.workload import WARMUP_REP, batch_prompts
-from xrt.config import XrtConfig
+from xrt.config import BenchPeer, XrtConfig
 
 # Warm-up of the peer only needs its kernels and allocator warm, not a full-length decode.
 PEER_WARMUP_TOKENS = 8
@@ -46,7 +46,7 @@ def peer_figures(
     cfg: XrtConfig, device: torch.device, dtype: torch.dtype, batches: list[int], progress: Progress
 ) -> dict[int, Any]:
     b = cfg.bench
-    peer = HfPeer(cfg, device, dtype)
+    peer = HfPeer(cfg, device, dtype, compiled=b.peer is BenchPeer.COMPILE)
     clock = StepClock(device)
     out: dict[int, Any] = {}
     try:
@@ -55,10 +55,10 @@ def peer_figures(
                 peer.time_batch(clock, batch_prompts(cfg, batch, WARMUP_REP + w), min(b.output_len, PEER_WARMUP_TOKENS))
             runs = [peer.time_batch(clock, batch_prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
             out[batch] = {**summarize(runs), "weights": peer.weights}
-            progress(f"[bench] hf batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
+            progress(f"[bench] {b.peer.value} batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
                      f"TPOT {out[batch]['tpot_ms'] or float('nan'):.3f} ms")
     except torch.OutOfMemoryError as e:
-        progress(f"[bench] hf peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
+        progress(f"[bench] {b.peer.value} peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
     finally:
         peer.close()
     return out

@@ -1,12 +1,15 @@
 """The peer: HF transformers Qwen3ForCausalLM with the same shape and dtype, timed with the same
-protocol (TTFT = forward of the batch prompt, TPOT = mean decode step on its DynamicCache). With a
-checkpoint it loads the same weights; with dummy weights it gets its own seeded random ones (the
-values do not change the time of a step)."""
+protocol (TTFT = forward of the batch prompt, TPOT = mean decode step). As it comes (`bench.peer=hf`) it decodes
+on a DynamicCache; compiled (`bench.peer=compile`) its decode step runs under torch.compile (mode reduce-overhead:
+CUDA graphs on CUDA) on a StaticCache kept per batch size, the prompt's forward eager, as transformers' own
+compiled generate does. With a checkpoint it loads the same weights; with dummy weights it gets its own seeded
+random ones (the values do not change the time of a step)."""
 
 from __future__ import annotations
 
 import gc
 import inspect
+from typing import Any
 
 import attrs
 import torch
@@ -23,7 +26,7 @@ def hf_config_dict(m: ModelArgs) -> dict[str, object]:
 
 
 class HfPeer:
-    def __init__(self, cfg: XrtConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: XrtConfig, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> None:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         ckpt = None
@@ -45,29 +48,82 @@ class HfPeer:
         params = inspect.signature(self.model.forward).parameters
         # transformers renamed past_key_values to cache; accept either release.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.compiled = compiled
+        self.last_tokens: torch.Tensor | None = None  # the greedy tokens of the last timed batch (batch, output_len)
+        if compiled:
+            mode = "reduce-overhead" if device.type == "cuda" else "default"
+            self._step = torch.compile(self._position_forward, mode=mode, fullgraph=True)
+            # StaticCache per batch size, of the protocol's whole length: its tensors keep their addresses (the
+            # CUDA graphs of the compiled step read them in place) across the warm-up and the timed runs.
+            self._static: dict[int, tuple[Any, int]] = {}
+            self._length = cfg.bench.input_len + cfg.bench.output_len
 
     def _forward(self, ids: torch.Tensor, cache: object) -> torch.Tensor:
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         return out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def _position_forward(self, ids: torch.Tensor, cache: object, positions: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: cache})
+        return out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def _static_cache(self, batch: int, length: int) -> object:
+        """The batch size's StaticCache, emptied; a new one when it is too short."""
+        from transformers import StaticCache
+
+        cache, room = self._static.get(batch, (None, 0))
+        if cache is None or room < length:
+            room = max(length, self._length)
+            cache = StaticCache(config=self.model.config, max_cache_len=room)
+            self._static[batch] = (cache, room)
+        else:
+            cache.reset()
+        return cache
+
+    @torch.inference_mode()
+    def _time_compiled(self, clock: StepClock, ids: torch.Tensor, output_len: int) -> RunTiming:
+        batch, length = ids.shape
+        cache = self._static_cache(batch, length + output_len)
+        clock.start()
+        tok = self._forward(ids, cache)
+        clock.mark()
+        tokens = [tok]
+        for i in range(output_len - 1):
+            positions = torch.full((batch, 1), length + i, dtype=torch.long, device=self.device)
+            # A new step for CUDA graph trees: the last step's output (fed back in) is not overwritten under us.
+            torch.compiler.cudagraph_mark_step_begin()
+            tok = self._step(tok, cache, positions).clone()
+            clock.mark()
+            tokens.append(tok)
+        clock.stop()
+        self.last_tokens = torch.cat(tokens, 1)
+        return split_steps(clock.steps_ms(), clock.wall_ms(), output_len)
 
     @torch.inference_mode()
     def time_batch(self, clock: StepClock, prompts: list[list[int]], output_len: int) -> RunTiming:
         from transformers import DynamicCache
 
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
+        if self.compiled:
+            return self._time_compiled(clock, ids, output_len)
         cache = DynamicCache(config=self.model.config)
         clock.start()
         tok = self._forward(ids, cache)
         clock.mark()
+        tokens = [tok]
         for _ in range(output_len - 1):
             tok = self._forward(tok, cache)
             clock.mark()
+            tokens.append(tok)
         clock.stop()
+        self.last_tokens = torch.cat(tokens, 1)
         return split_steps(clock.steps_ms(), clock.wall_ms(), output_len)
 
     def close(self) -> None:
         """Give the memory back before the engine sizes its KV cache from what is free."""
         del self.model
+        if self.compiled:
+            del self._step, self._static
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

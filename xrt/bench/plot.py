@@ -44,7 +44,9 @@ def write_plot(records: list[Record], path: Path) -> bool:
                 ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {label}")
             peer_rows = {r["batch"]: r for r in rows if r.get(f"peer_{metric}_ms") is not None}
             if peer_rows:
-                ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--", label="HF transformers")
+                compiled = any(r.get("peer") == "compile" for r in peer_rows.values())
+                ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--",
+                        label="HF transformers, compiled" if compiled else "HF transformers")
             for col in ("py_graph", "cpp_graph"):
                 if xb:
                     ax.plot(xb, [xllm[b][f"{col}_{metric}"] for b in xb], ":", label=f"xLLM {col} (H100)")

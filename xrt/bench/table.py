@@ -67,13 +67,19 @@ def _latency_table(key: LatencyKey, rows: list[Record]) -> list[str]:
         pct = "–" if r.get("floor_pct") is None else f"{r['floor_pct']:.{0 if r['floor_pct'] >= 10 else 1}f}%"
         lines.append(
             f"| {r['label']} | {r['batch']} | {bucket} | {spread(r, 'ttft_ms')} | {spread(r, 'tpot_ms')} "
-            f"| {ms(r.get('peer_ttft_ms'))} | {ms(r.get('peer_tpot_ms'))} "
+            f"| {_peer(r, 'ttft')} | {_peer(r, 'tpot')} "
             f"| {_ratio(r.get('peer_ttft_ratio'))} | {_ratio(r.get('peer_tpot_ratio'))} "
             f"| {_pair(x.get('py_graph_ttft'), x.get('py_graph_tpot'))} "
             f"| {_pair(x.get('cpp_graph_ttft'), x.get('cpp_graph_tpot'))} "
             f"| {ms(r.get('floor_ms'))} | {pct} |"
         )
     return lines
+
+
+def _peer(r: Record, metric: str) -> str:
+    """The peer's figure, marked when it is HF compiled (bench.peer=compile) rather than as it comes."""
+    value = ms(r.get(f"peer_{metric}_ms"))
+    return f"{value} (compiled)" if r.get("peer") == "compile" and r.get(f"peer_{metric}_ms") is not None else value
 
 
 def _throughput_table(rows: list[Record]) -> list[str]:
@@ -113,7 +119,8 @@ def _invocations(r: Record) -> str:
 NOTES = [
     "TTFT: wall time of the prefill of the whole batch (until every sequence has its first token). "
     "TPOT: mean decode step. TTFT and TPOT are the median of the timed runs, (min–max) across them. "
-    "HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; HF/ours > 1 means we are faster. "
+    "HF: transformers Qwen3ForCausalLM, same shape and dtype, in the same run; HF/ours > 1 means we are faster; "
+    "(compiled): its decode step under torch.compile on a static cache (bench.peer=compile). "
     "xLLM: published H100 figures (PR 1891), shown only for input 1024 / output 256. "
     "floor: (weight bytes + KV bytes read by a mean decode step) / measured copy bandwidth; "
     "% of floor = floor / TPOT.",

@@ -14,6 +14,7 @@ from xrt.reflect import each, field, ge, gt, in_range
 class BenchPeer(enum.Enum):
     NONE = "none"
     HF = "hf"
+    COMPILE = "compile"
 
 
 class BenchScenario(enum.Enum):
@@ -98,7 +99,11 @@ class BenchArgs:
     iters: int = field(
         3, help="timed repetitions; the median is reported, with their min-max in results.md", validator=ge(1)
     )
-    peer: BenchPeer = field(BenchPeer.NONE, help="hf: also run HF transformers with the same shape and weights")
+    peer: BenchPeer = field(
+        BenchPeer.NONE, help="also run HF transformers with the same shape and weights: hf as it comes (a dynamic "
+        "cache); compile: its decode step under torch.compile with a static cache (mode reduce-overhead, so CUDA "
+        "graphs on CUDA), the prompt's forward eager, as transformers' own compiled generate runs",
+    )
     num_requests: int = field(
         256, help="throughput scenario: requests submitted at once; serve scenario: requests sent", validator=ge(1)
     )
