@@ -55,7 +55,7 @@ class SamplingCache:
         return built
 
 
-def prepare_completion(body: CompletionRequest, admission: Admission, defaults: SamplingCache) -> Prepared:
+def prepare_completion(body: CompletionRequest, admission: Admission, samplings: SamplingCache) -> Prepared:
     unsupported(body)
     if body.echo:
         raise APIError(400, "echo: not supported", "echo")
@@ -64,13 +64,13 @@ def prepare_completion(body: CompletionRequest, admission: Admission, defaults: 
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of: not supported (only best_of = n)", "best_of")
     prompts = _prompt_list(body.prompt)
-    sampling = _sampling(body, defaults, (body.max_tokens, "max_tokens"), (body.logprobs, "logprobs"))
+    sampling = _sampling(body, samplings, (body.max_tokens, "max_tokens"), (body.logprobs, "logprobs"))
     checked = [_check(admission, p, sampling, True, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
                for i, p in enumerate(prompts)]
     return _prepared(body, checked)
 
 
-def prepare_chat(body: ChatCompletionRequest, admission: Admission, defaults: SamplingCache) -> Prepared:
+def prepare_chat(body: ChatCompletionRequest, admission: Admission, samplings: SamplingCache) -> Prepared:
     unsupported(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
@@ -81,7 +81,7 @@ def prepare_chat(body: ChatCompletionRequest, admission: Admission, defaults: Sa
     name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else None
-    sampling = _sampling(body, defaults, (limit, name), (top, "top_logprobs"))
+    sampling = _sampling(body, samplings, (limit, name), (top, "top_logprobs"))
     if admission.tokenizer is None:
         raise APIError(400, "messages: chat needs the checkpoint's tokenizer.json and chat template", "messages")
     messages = [_message(i, m.model_dump(exclude_none=True)) for i, m in enumerate(body.messages)]
@@ -127,7 +127,7 @@ def _prompt_list(prompt: object) -> list[Any]:
     return list(prompt)
 
 
-def _sampling(body: SamplingFields, defaults: SamplingCache, max_tokens: tuple[int | None, str],
+def _sampling(body: SamplingFields, samplings: SamplingCache, max_tokens: tuple[int | None, str],
               logprobs: tuple[int | None, str]) -> SamplingArgs:
     """The request's sampling over the server's defaults (`sampling.*`); None leaves a default alone, but for
     logprobs: a request that asks for none gets none, whatever `sampling.logprobs` says. max_tokens, logprobs: the
@@ -137,7 +137,7 @@ def _sampling(body: SamplingFields, defaults: SamplingCache, max_tokens: tuple[i
              "stop": stop, "ignore_eos": body.ignore_eos,
              "top_k": 0 if body.top_k == -1 else body.top_k}  # -1: vLLM's "all", 0 here
     try:
-        return defaults({**{k: v for k, v in given.items() if v is not None}, "logprobs": logprobs[0]})
+        return samplings({**{k: v for k, v in given.items() if v is not None}, "logprobs": logprobs[0]})
     except RequestError as e:
         name = e.field.removeprefix("sampling.").split("[")[0]
         name = {"max_tokens": max_tokens[1], "logprobs": logprobs[1]}.get(name, name)
