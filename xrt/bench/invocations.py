@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import attrs
 
-import xrt
+from xrt.bench.child import run_child
 from xrt.bench.engine_timing import Progress
 from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
@@ -26,7 +25,7 @@ from xrt.reflect import build, to_dict
 def run_invocations(cfg: XrtConfig, progress: Progress) -> list[Record]:
     n = cfg.bench.invocations
     one = attrs.evolve(cfg, bench=attrs.evolve(cfg.bench, invocations=1))
-    spec = json.dumps({"config": to_dict(one), "given": to_dict(cfg)})
+    spec = {"config": to_dict(one), "given": to_dict(cfg)}
     runs: list[Record] = []
     for i in range(n):
         progress(f"[bench] throughput invocation {i + 1}/{n}: a new process")
@@ -55,16 +54,8 @@ def combine(runs: list[Record]) -> Record:
     return rec
 
 
-def _invoke(spec: str) -> Record:
-    # Run from the directory holding the xrt this process runs (`-m` looks there first), also from a source tree.
-    root = Path(xrt.__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "xrt.bench.invocations"], input=spec.encode(), stdout=subprocess.PIPE,
-                          cwd=root, check=False)
-    try:
-        out = json.loads(proc.stdout)
-    except ValueError:
-        raise BenchError(f"bench.invocations: an invocation exited with status {proc.returncode} and no result") \
-            from None
+def _invoke(spec: dict[str, Any]) -> Record:
+    out = run_child("xrt.bench.invocations", spec, "bench.invocations: an invocation")
     if "error" in out:
         raise BenchError(out["error"])
     return out["record"]

@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import xrt
+from xrt.bench.child import run_child
 from xrt.bench.engine_timing import Progress
 from xrt.bench.environment import adjusted, config_dict, environment, scenario_head
 from xrt.bench.latency import free_memory
@@ -172,17 +168,4 @@ def _server(cfg: XrtConfig, progress: Progress) -> Iterator[tuple[str, str]]:
 def run_client(spec: dict[str, Any]) -> dict[str, Any]:
     """Runs xrt.bench.serve_client in its own process: the spec in, its result (or {"error": line}) back. Its
     progress goes to this process's stderr."""
-    # Run from the directory holding the xrt this process runs (`-m` looks there first), also from a source tree.
-    root = Path(xrt.__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-m", "xrt.bench.serve_client"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, cwd=root)
-    try:
-        out, _ = proc.communicate(json.dumps(spec).encode())
-    finally:
-        if proc.poll() is None:  # interrupted: the client must not outlive the run
-            proc.kill()
-            proc.wait()
-    try:
-        return json.loads(out)
-    except ValueError:
-        return {"error": f"the serve benchmark's client exited with status {proc.returncode} and no result"}
+    return run_child("xrt.bench.serve_client", spec, "the serve benchmark's client")
