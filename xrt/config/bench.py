@@ -111,8 +111,8 @@ class BenchArgs:
     max_len: int = field(1024, help="throughput scenario: longest input/output length", validator=ge(1))
     invocations: int = field(
         1, help="throughput scenario: processes it runs in, one after another, each loading the model and taking its "
-        "bench.iters timed runs; the record gives each one's tokens/s, the median and their spread (invocations of "
-        "one code have differed more than any change measured with one)", validator=ge(1),
+        "bench.iters timed runs; the record gives each one's tokens/s, the median and their spread, beside the "
+        "spread of the timed runs (bench/NOTES.md: which of the two is larger)", validator=ge(1),
     )
     kernels: list[KernelGroup] = field(
         factory=lambda: list(KernelGroup),
