@@ -80,39 +80,28 @@ class HfPeer:
             cache.reset()
         return cache
 
-    @torch.inference_mode()
-    def _time_compiled(self, clock: StepClock, ids: torch.Tensor, output_len: int) -> RunTiming:
-        batch, length = ids.shape
-        cache = self._static_cache(batch, length + output_len)
-        clock.start()
-        tok = self._forward(ids, cache)
-        clock.mark()
-        tokens = [tok]
-        for i in range(output_len - 1):
-            positions = torch.full((batch, 1), length + i, dtype=torch.long, device=self.device)
-            # A new step for CUDA graph trees: the last step's output (fed back in) is not overwritten under us.
-            torch.compiler.cudagraph_mark_step_begin()
-            tok = self._step(tok, cache, positions).clone()
-            clock.mark()
-            tokens.append(tok)
-        clock.stop()
-        self.last_tokens = torch.cat(tokens, 1)
-        return split_steps(clock.steps_ms(), clock.wall_ms(), output_len)
+    def _compiled_step(self, tok: torch.Tensor, cache: object, position: int) -> torch.Tensor:
+        positions = torch.full((tok.shape[0], 1), position, dtype=torch.long, device=self.device)
+        # A new step for CUDA graph trees: the last step's output (fed back in) is not overwritten under us.
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._step(tok, cache, positions).clone()
 
     @torch.inference_mode()
     def time_batch(self, clock: StepClock, prompts: list[list[int]], output_len: int) -> RunTiming:
         from transformers import DynamicCache
 
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
+        batch, length = ids.shape
         if self.compiled:
-            return self._time_compiled(clock, ids, output_len)
-        cache = DynamicCache(config=self.model.config)
+            cache = self._static_cache(batch, length + output_len)
+        else:
+            cache = DynamicCache(config=self.model.config)
         clock.start()
-        tok = self._forward(ids, cache)
+        tok = self._forward(ids, cache)  # the prompt: eager either way
         clock.mark()
         tokens = [tok]
-        for _ in range(output_len - 1):
-            tok = self._forward(tok, cache)
+        for i in range(output_len - 1):
+            tok = self._compiled_step(tok, cache, length + i) if self.compiled else self._forward(tok, cache)
             clock.mark()
             tokens.append(tok)
         clock.stop()

@@ -101,8 +101,7 @@ def _throughput_table(rows: list[Record]) -> list[str]:
 
 
 def _walls(r: Record) -> str:
-    """The median timed run's wall seconds, (min–max) over every run (of every invocation) when there were several:
-    runs of one workload in one process differ more than invocations do (bench/NOTES.md)."""
+    """The median timed run's wall seconds, (min–max) over every run (of every invocation) when there were several."""
     walls = r.get("wall_s_all") or [r["wall_s"]]
     median = f"{r['wall_s']:.2f}"
     return median if len(walls) < 2 else f"{median} ({min(walls):.2f}–{max(walls):.2f})"
