@@ -97,6 +97,15 @@ def test_overrides_of_fields_and_groups() -> None:
     assert cfg.model.dtype is DType.BFLOAT16 and cfg.log_level is LogLevel.DEBUG
 
 
+def test_cudagraph_captures_every_decode_batch_the_scheduler_forms() -> None:
+    """A decode step above the largest graph runs eager (host-bound): the cudagraph option ties the two."""
+    assert load_config(["executor=cudagraph"]).executor.max_batch == load_config([]).scheduler.max_num_seqs
+    cfg = load_config(["executor=cudagraph", "scheduler.max_num_seqs=512"])
+    assert cfg.executor.max_batch == 512
+    lowered = load_config(["executor=cudagraph", "scheduler.max_num_seqs=512", "executor.max_batch=64"])
+    assert lowered.executor.max_batch == 64
+
+
 def test_an_unbuilt_option_stops_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A group option for a part not built yet holds `_unbuilt: "<why>"`: selecting it stops with that line."""
     conf = tmp_path / "conf"

@@ -156,7 +156,8 @@ class ParallelArgs:
 class ExecutorArgs:
     kind: ExecutorKind = field(ExecutorKind.EAGER, help="eager: run the model directly; cudagraph: graph decode")
     max_batch: int = field(
-        128, help="largest decode batch captured as a CUDA graph", validator=[ge(1), le(INT32_MAX)]
+        256, help="largest decode batch captured as a CUDA graph; a larger decode step runs eager (conf/executor/"
+        "cudagraph.yaml sets it to scheduler.max_num_seqs)", validator=[ge(1), le(INT32_MAX)]
     )
     buckets: list[int] = field(
         factory=list,
