@@ -20,6 +20,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Qwen3-0.6B linear layers, (N, K): qkv, o_proj, gate_up, down, lm_head.
 QWEN3_06B = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
              "lm_head": (151936, 1024)}
+QWEN3_8B = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+            "lm_head": (151936, 4096)}
 
 
 def gemv_module() -> ModuleType:
@@ -138,6 +140,13 @@ PICKED_QUICK = {(torch.bfloat16, layer, M) for layer in QWEN3_06B for M in (1, 3
 ])
 def test_picked_config_on_model_shapes(device: torch.device, dtype: torch.dtype, layer: str, M: int) -> None:
     check_gemv(device, dtype, M, *QWEN3_06B[layer])
+
+
+@pytest.mark.parametrize("layer", ["qkv", "o_proj", "gate_up", "down"])  # lm_head's config is of the same kind
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_picked_config_on_8b_shapes(device: torch.device, layer: str, M: int) -> None:
+    """The measured 8B configs (long K, split K on the dot path), M = 3 running M = 8's."""
+    check_gemv(device, torch.bfloat16, M, *QWEN3_8B[layer])
 
 
 @pytest.mark.slow

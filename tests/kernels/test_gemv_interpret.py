@@ -89,6 +89,17 @@ def test_pick_config_on_model_shapes() -> None:
                 assert cfg.use_dot and cfg.block_m == 16, cfg
 
 
+def test_heuristic_fits_registers_on_long_k() -> None:
+    """Unmeasured shapes with a long K (Qwen3-8B's down: K = 12288) get an FMA tile whose w fits the register
+    budget: the spilling one ran 1.7x slower on the H200 (bench/results/h200-issue26-s1)."""
+    g = checks.gemv_module()
+    for N, K in [*checks.QWEN3_8B.values(), (5120, 17408), (1024, 32768)]:
+        for M in range(1, 5):
+            cfg = g.heuristic_config(M, N, K)
+            g.check_config(cfg)
+            assert g._fma_fits(cfg, K), (M, N, K, cfg)
+
+
 def test_measured_configs_are_valid_and_used() -> None:
     g = checks.gemv_module()
     for (N, K, M), cfg in g._MEASURED.items():
@@ -97,6 +108,9 @@ def test_measured_configs_are_valid_and_used() -> None:
         assert g.pick_config(M, N, K) == cfg
     assert g.prefer_gemv(1, 4096, 1024) and not g.prefer_gemv(8, 4096, 1024) and g.prefer_gemv(8, 1024, 3072)
     assert not g.prefer_gemv(9, 1024, 3072)
+    # 8B's linears at M = 2..8: the measured M = 8 winners, each faster than cuBLAS there.
+    for N, K in checks.QWEN3_8B.values():
+        assert all(g.prefer_gemv(M, N, K) for M in range(1, 9)) and not g.prefer_gemv(9, N, K)
 
 
 def test_candidates_are_valid_and_distinct() -> None:

@@ -57,9 +57,9 @@ def _split_k(K: int, block_k: int, tiles: int) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
-# Winners of the gemv kernel bench (then scripts/bench_gemv.py) on the H200 (bench/results/h200-microbench/gemv.md),
-# keyed (N, K, M):
-# the Qwen3-0.6B decode shapes at M = 1 and 8.
+# Winners of the gemv kernel bench on the H200, keyed (N, K, M): the Qwen3-0.6B decode shapes at M = 1 and 8
+# (then scripts/bench_gemv.py, bench/results/h200-microbench/gemv.md), the Qwen3-8B ones
+# (bench/results/h200-issue26-s1/call4/gemv-8b).
 _MEASURED = {
     (4096, 1024, 1): GemvConfig(1, 2, 512, 2),
     (1024, 2048, 1): GemvConfig(1, 2, 1024, 4),
@@ -69,15 +69,25 @@ _MEASURED = {
     (1024, 2048, 8): GemvConfig(4, 4, 512, 2),
     (1024, 3072, 8): GemvConfig(4, 4, 512, 2),
     (151936, 1024, 8): GemvConfig(16, 32, 256, 4, use_dot=True, num_stages=3),
+    (6144, 4096, 1): GemvConfig(1, 1, 2048, 8),
+    (4096, 4096, 1): GemvConfig(1, 1, 2048, 8),
+    (24576, 4096, 1): GemvConfig(1, 1, 2048, 8),
+    (4096, 12288, 1): GemvConfig(1, 4, 2048, 8),
+    (151936, 4096, 1): GemvConfig(1, 2, 2048, 8),
+    (6144, 4096, 8): GemvConfig(16, 32, 128, 4, split_k=2, use_dot=True, num_stages=4),
+    (4096, 4096, 8): GemvConfig(16, 32, 128, 4, split_k=2, use_dot=True, num_stages=4),
+    (24576, 4096, 8): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
+    (4096, 12288, 8): GemvConfig(16, 64, 128, 4, split_k=4, use_dot=True, num_stages=3),
 }
 
 
 def prefer_gemv(M: int, N: int, K: int) -> bool:
-    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1; at M = 8 only
-    narrow outputs (o_proj, down) and lm_head, while cuBLAS won qkv and gate_up (figures: bench/NOTES.md)."""
+    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1; at M = 8 the
+    shapes measured with a winning config (every 8B linear), and otherwise narrow outputs (0.6B's o_proj, down) and
+    lm_head, while cuBLAS won 0.6B's qkv and gate_up (figures: bench/NOTES.md)."""
     if M == 1:
         return True
-    return M <= 8 and (N <= 2048 or N >= 65536)
+    return M <= 8 and ((N, K, 8) in _MEASURED or N <= 2048 or N >= 65536)
 
 
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
@@ -99,7 +109,18 @@ def heuristic_config(M: int, N: int, K: int) -> GemvConfig:
         # Narrow tiles before splitting K: more programs and no fix-up.
         while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
             block_n //= 2
-        return GemvConfig(block_m, block_n, block_k, num_warps, _split_k(K, block_k, triton.cdiv(N, block_n)))
+        cfg = GemvConfig(block_m, block_n, block_k, num_warps, _split_k(K, block_k, triton.cdiv(N, block_n)))
+        # A long K holds more w per thread than registers do: spilled, 8B's down (K = 12288) ran 1.7x slower.
+        # Narrower tiles first, then K split in more parts (still dividing its steps evenly).
+        while cfg.block_n > 1 and not _fma_fits(cfg, K):
+            block_n = cfg.block_n // 2
+            cfg = GemvConfig(block_m, block_n, block_k, num_warps, _split_k(K, block_k, triton.cdiv(N, block_n)))
+        steps = triton.cdiv(K, block_k)
+        for split in range(cfg.split_k, steps + 1):
+            fitted = GemvConfig(block_m, cfg.block_n, block_k, num_warps, split)
+            if steps % split == 0 and _fma_fits(fitted, K):
+                return fitted
+        return cfg
     if M <= 16:
         block_k = max(16, min(triton.next_power_of_2(K), 256))
         # Narrower tiles for small N, so that K is split in at most a few parts.
