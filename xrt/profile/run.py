@@ -3,17 +3,28 @@ naming the field)."""
 
 from __future__ import annotations
 
+from xrt.bench.latency import free_memory
 from xrt.bench.setup import BenchError
 from xrt.config import XrtConfig
 from xrt.config.bench import ProfileMode
+from xrt.executor.device import resolve_device
 from xrt.profile.setup import Emit, require_cuda
 
 
 def run_profile(cfg: XrtConfig, emit: Emit) -> None:
-    mode = cfg.profile.mode
     if cfg.parallel.tp > 1:
         # The modes reach into one process's ModelRunner (runner_parts.py); profile one rank's shard instead.
         raise BenchError("parallel.tp: profile runs one process; use parallel.tp=1")
+    try:
+        _run_mode(cfg, emit)
+    finally:
+        # A mode's runner sits in reference cycles: without a collection its KV cache (most of the GPU, sized from
+        # free memory) outlives the mode, and the next runner of this process finds no room.
+        free_memory(resolve_device(cfg))
+
+
+def _run_mode(cfg: XrtConfig, emit: Emit) -> None:
+    mode = cfg.profile.mode
     if mode is ProfileMode.HOST:
         from xrt.profile.host import run_host
 
