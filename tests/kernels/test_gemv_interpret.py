@@ -91,7 +91,7 @@ def test_pick_config_on_model_shapes() -> None:
 
 def test_heuristic_fits_registers_on_long_k() -> None:
     """Unmeasured shapes with a long K (Qwen3-8B's down: K = 12288) get an FMA tile whose w fits the register
-    budget: the spilling one ran 1.7x slower on the H200 (bench/results/h200-issue26-s1)."""
+    budget (a spilled tile streams far below bandwidth: bench/results/h200-issue26-s1)."""
     g = checks.gemv_module()
     for N, K in [*checks.QWEN3_8B.values(), (5120, 17408), (1024, 32768)]:
         for M in range(1, 5):

@@ -110,7 +110,8 @@ def heuristic_config(M: int, N: int, K: int) -> GemvConfig:
         while block_n > 1 and triton.cdiv(N, block_n) < _TARGET_PROGRAMS:
             block_n //= 2
         cfg = GemvConfig(block_m, block_n, block_k, num_warps, _split_k(K, block_k, triton.cdiv(N, block_n)))
-        # A long K holds more w per thread than registers do: spilled, 8B's down (K = 12288) ran 1.7x slower.
+        # A long K holds more w per thread than registers do, and a spilled tile streams far below bandwidth
+        # (Qwen3-8B's down, K = 12288: bench/results/h200-issue26-s1).
         # Narrower tiles first, then K split in more parts (still dividing its steps evenly).
         while cfg.block_n > 1 and not _fma_fits(cfg, K):
             block_n = cfg.block_n // 2
