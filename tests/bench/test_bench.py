@@ -223,6 +223,24 @@ def test_the_compiled_peer_decodes_what_the_eager_peer_decodes() -> None:
     assert md_row == "1.500 (compiled)" and _peer({"peer": "hf", "peer_tpot_ms": 1.5}, "tpot") == "1.500"
 
 
+def test_cli_both_peers_in_one_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """bench.peer=both: our engine measured once, a record per peer and batch, each with its own peer's figures,
+    and the table's compiled column marked (the plot draws a line per peer from the same records)."""
+    r = _bench(capsys, tmp_path, "bench.batch=[1]", peer="both")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("[bench] hf batch 1:") == 1 and r.stdout.count("[bench] compile batch 1:") == 1
+    assert r.stdout.count("[bench] eager batch 1: TTFT") == 2 and "HF compiled/ours" in r.stdout
+    hf, compiled = _lines(tmp_path)
+    assert (hf["peer"], compiled["peer"]) == ("hf", "compile")
+    assert hf["ttft_ms_all"] == compiled["ttft_ms_all"] and hf["tpot_ms_all"] == compiled["tpot_ms_all"]
+    assert hf["peer_tpot_ms_all"] != compiled["peer_tpot_ms_all"]
+    for x in (hf, compiled):
+        assert x["peer_tpot_ratio"] == pytest.approx(x["peer_tpot_ms"] / x["tpot_ms"])
+    rows = [ln for ln in (tmp_path / "results.md").read_text().splitlines() if ln.startswith("| eager |")]
+    assert len(rows) == 2 and "(compiled)" not in rows[0] and "(compiled)" in rows[1]
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_cli_multirun_jobs_share_one_table_and_the_peer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     r = _bench(capsys, tmp_path, "-m", "bench.batch=[1]", "model.max_model_len=512,1024", peer="hf")
     assert r.returncode == 0, r.stderr

@@ -90,17 +90,20 @@ def run_latency(
         "config": given,
         "adjusted": adjusted(given, config_dict(cfg)),
     }
-    peer: dict[int, Any] = {}
-    if b.peer is not BenchPeer.NONE:
+    # Each peer kind's figures by batch (bench.peer=both: hf's and compile's), under its own name in the records.
+    peer_of: dict[str, dict[int, Any]] = {}
+    for kind in b.peer.kinds:
+        like = {**base, "peer": kind.value}
         with peers.locked() if peers else nullcontext():
-            peer = peers.lookup(base) if peers else {}
-            todo = [x for x in b.batch if x not in peer]
+            figures = peers.lookup(like) if peers else {}
+            todo = [x for x in b.batch if x not in figures]
             if todo:
                 # The peer runs first and is freed, so the engine sizes its KV cache from the whole device.
-                measured = peer_figures(cfg, device, dtype, todo, progress)
-                peer.update(measured)
+                measured = peer_figures(cfg, kind, device, dtype, todo, progress)
+                figures.update(measured)
                 if peers:
-                    peers.add(base, measured)
+                    peers.add(like, measured)
+        peer_of[kind.value] = figures
 
     engine = engine_factory(cfg)
     capacity = kv_pages(engine)
@@ -114,7 +117,7 @@ def run_latency(
             need = pages_needed(batch, b.input_len + b.output_len, page_size)
             if need > num_pages:
                 rec.update(status="skipped", reason=f"needs {need} KV pages, the cache has {num_pages}")
-                records.append(rec)
+                records.extend(_per_peer(rec, peer_of))
                 progress(f"[bench] {rec['executor']} batch {batch}: skipped ({rec['reason']})")
                 continue
         for w in range(b.warmup):
@@ -125,18 +128,31 @@ def run_latency(
         floor_ms = (weight_bytes + kv_bytes) / (tp * bandwidth) * 1e3
         rec.update(kv_bytes=kv_bytes, floor_ms=floor_ms,
                    floor_pct=100 * floor_ms / rec["tpot_ms"] if rec["tpot_ms"] else None)
-        p = peer.get(batch)
-        if p:
-            rec.update(peer_ttft_ms=p["ttft_ms"], peer_tpot_ms=p["tpot_ms"], peer_weights=p["weights"],
-                       peer_ttft_ms_all=p["ttft_ms_all"], peer_tpot_ms_all=p["tpot_ms_all"],
-                       peer_ttft_ratio=p["ttft_ms"] / rec["ttft_ms"],
-                       peer_tpot_ratio=p["tpot_ms"] / rec["tpot_ms"] if p["tpot_ms"] and rec["tpot_ms"] else None)
-        records.append(rec)
-        progress(_progress_line(rec))
+        for r in _per_peer(rec, peer_of):
+            records.append(r)
+            progress(_progress_line(r))
     close_engine(engine)
     del engine
     free_memory(device)
     return records
+
+
+def _per_peer(rec: Record, peer_of: dict[str, dict[int, Any]]) -> list[Record]:
+    """The batch's record once per peer kind, each with that peer's figures (those it has for the batch) and its
+    name in "peer"; the record as it is without a peer."""
+    if not peer_of:
+        return [rec]
+    out = []
+    for kind, figures in peer_of.items():
+        r = {**rec, "peer": kind}
+        p = figures.get(rec["batch"])
+        if p and rec["status"] == "ok":
+            r.update(peer_ttft_ms=p["ttft_ms"], peer_tpot_ms=p["tpot_ms"], peer_weights=p["weights"],
+                     peer_ttft_ms_all=p["ttft_ms_all"], peer_tpot_ms_all=p["tpot_ms_all"],
+                     peer_ttft_ratio=p["ttft_ms"] / rec["ttft_ms"],
+                     peer_tpot_ratio=p["tpot_ms"] / rec["tpot_ms"] if p["tpot_ms"] and rec["tpot_ms"] else None)
+        out.append(r)
+    return out
 
 
 def _progress_line(r: Record) -> str:
@@ -144,5 +160,6 @@ def _progress_line(r: Record) -> str:
     if r["tpot_ms"] is not None:
         line += f", TPOT {r['tpot_ms']:.3f} ms ({r['floor_pct']:.0f}% of floor {r['floor_ms']:.3f} ms)"
     if r.get("peer_tpot_ratio"):
-        line += f", HF/ours TTFT {r['peer_ttft_ratio']:.2f}x TPOT {r['peer_tpot_ratio']:.2f}x"
+        peer = "HF compiled" if r["peer"] == BenchPeer.COMPILE.value else "HF"
+        line += f", {peer}/ours TTFT {r['peer_ttft_ratio']:.2f}x TPOT {r['peer_tpot_ratio']:.2f}x"
     return line

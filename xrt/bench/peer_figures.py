@@ -43,10 +43,11 @@ def earlier_peer_figures(records: list[Record], like: Record) -> dict[int, Any]:
 
 
 def peer_figures(
-    cfg: XrtConfig, device: torch.device, dtype: torch.dtype, batches: list[int], progress: Progress
+    cfg: XrtConfig, kind: BenchPeer, device: torch.device, dtype: torch.dtype, batches: list[int], progress: Progress
 ) -> dict[int, Any]:
+    """kind: hf or compile (one of bench.peer's kinds)."""
     b = cfg.bench
-    peer = HfPeer(cfg, device, dtype, compiled=b.peer is BenchPeer.COMPILE)
+    peer = HfPeer(cfg, device, dtype, compiled=kind is BenchPeer.COMPILE)
     clock = StepClock(device)
     out: dict[int, Any] = {}
     try:
@@ -55,10 +56,10 @@ def peer_figures(
                 peer.time_batch(clock, batch_prompts(cfg, batch, WARMUP_REP + w), min(b.output_len, PEER_WARMUP_TOKENS))
             runs = [peer.time_batch(clock, batch_prompts(cfg, batch, i), b.output_len) for i in range(b.iters)]
             out[batch] = {**summarize(runs), "weights": peer.weights}
-            progress(f"[bench] {b.peer.value} batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
+            progress(f"[bench] {kind.value} batch {batch}: TTFT {out[batch]['ttft_ms']:.3f} ms, "
                      f"TPOT {out[batch]['tpot_ms'] or float('nan'):.3f} ms")
     except torch.OutOfMemoryError as e:
-        progress(f"[bench] {b.peer.value} peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
+        progress(f"[bench] {kind.value} peer ran out of memory at batch {batch}: {str(e).splitlines()[0]}")
     finally:
         peer.close()
     return out

@@ -42,11 +42,13 @@ def write_plot(records: list[Record], path: Path) -> bool:
             for label in sorted({r["label"] for r in rows}, key=label_order):
                 mine = [r for r in rows if r["label"] == label]
                 ax.plot(*_series(mine, f"{metric}_ms"), "o-", label=f"xrt {label}")
-            peer_rows = {r["batch"]: r for r in rows if r.get(f"peer_{metric}_ms") is not None}
-            if peer_rows:
-                compiled = any(r.get("peer") == "compile" for r in peer_rows.values())
-                ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--",
-                        label="HF transformers, compiled" if compiled else "HF transformers")
+            # One line per peer (a sweep over bench.peer, or bench.peer=both, has both beside one xrt line).
+            for kind, name in (("hf", "HF transformers"), ("compile", "HF transformers, compiled")):
+                peer_rows = {r["batch"]: r for r in rows
+                             if r.get("peer") == kind and r.get(f"peer_{metric}_ms") is not None}
+                if peer_rows:
+                    ax.plot(*_series(list(peer_rows.values()), f"peer_{metric}_ms"), "s--" if kind == "hf" else "^--",
+                            label=name)
             for col in ("py_graph", "cpp_graph"):
                 if xb:
                     ax.plot(xb, [xllm[b][f"{col}_{metric}"] for b in xb], ":", label=f"xLLM {col} (H100)")

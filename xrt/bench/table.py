@@ -16,9 +16,13 @@ from xrt.bench.tier_table import render_tiers
 
 LatencyKey = tuple[str, int, int, str, str]
 
+# Rows of one label and batch, one per peer (bench.peer=both measures two against one run of ours), in this order.
+_PEER_ORDER = {"none": 0, "hf": 1, "compile": 2}
+
+
 def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
     """Rows per (model, lengths, dtype, device), each with a "label" (executor and swept fields); the
-    last line per (label, batch) wins; sorted by label (numbers as numbers) then batch."""
+    last line per (label, batch, peer) wins; sorted by label (numbers as numbers), batch, then peer."""
     groups: dict[LatencyKey, list[Record]] = {}
     for r in records:
         if r.get("scenario") == "latency":
@@ -26,8 +30,9 @@ def latency_groups(records: list[Record]) -> dict[LatencyKey, list[Record]]:
             groups.setdefault(key, []).append(r)
     out: dict[LatencyKey, list[Record]] = {}
     for key, rs in groups.items():
-        rows = {(label, r["batch"]): {**r, "label": label} for r, label in zip(rs, row_labels(rs), strict=True)}
-        out[key] = [rows[x] for x in sorted(rows, key=lambda lb: (label_order(lb[0]), lb[1]))]
+        rows = {(label, r["batch"], r.get("peer", "none")): {**r, "label": label}
+                for r, label in zip(rs, row_labels(rs), strict=True)}
+        out[key] = [rows[x] for x in sorted(rows, key=lambda k: (label_order(k[0]), k[1], _PEER_ORDER.get(k[2], 3)))]
     return out
 
 

@@ -15,6 +15,14 @@ class BenchPeer(enum.Enum):
     NONE = "none"
     HF = "hf"
     COMPILE = "compile"
+    BOTH = "both"
+
+    @property
+    def kinds(self) -> list[BenchPeer]:
+        """The peers this setting measures, one at a time: both is hf then compile."""
+        if self is BenchPeer.NONE:
+            return []
+        return [BenchPeer.HF, BenchPeer.COMPILE] if self is BenchPeer.BOTH else [self]
 
 
 class BenchScenario(enum.Enum):
@@ -102,7 +110,8 @@ class BenchArgs:
     peer: BenchPeer = field(
         BenchPeer.NONE, help="also run HF transformers with the same shape and weights: hf as it comes (a dynamic "
         "cache); compile: its decode step under torch.compile with a static cache (mode reduce-overhead, so CUDA "
-        "graphs on CUDA), the prompt's forward eager, as transformers' own compiled generate runs",
+        "graphs on CUDA), the prompt's forward eager, as transformers' own compiled generate runs; both: hf and "
+        "compile in one job (our engine measured once; a record per peer and batch)",
     )
     num_requests: int = field(
         256, help="throughput scenario: requests submitted at once; serve scenario: requests sent", validator=ge(1)
