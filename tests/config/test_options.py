@@ -15,6 +15,7 @@ from xrt.attention.context import forward_context
 from xrt.config import ExecutorArgs, LogLevel
 from xrt.layers.embedding import ParallelLMHead
 from xrt.layers.linear import RowParallelLinear, _Linear
+from xrt.layers.mlp import GatedMLP
 from xrt.layers.norm import RMSNorm
 from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
 
@@ -26,7 +27,8 @@ def restore_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_defaults_are_the_measured_values() -> None:
-    assert DEFAULT_OPTIONS == LayerOptions(skinny_rows=8, pdl_max_rows=16)
+    assert DEFAULT_OPTIONS == LayerOptions(skinny_rows=8, pdl_max_rows=16, fuse_activation=True)
+    assert not LayerOptions.of(ExecutorArgs(fuse_activation=False)).fuse_activation
     assert LayerOptions.of(ExecutorArgs(pdl_max_rows=32, skinny_gemm_max_rows=4)) == LayerOptions(4, 32)
     assert LayerOptions.of(ExecutorArgs(pdl=False, pdl_max_rows=32)).pdl_max_rows == -1
     with pytest.raises(AttributeError):
@@ -95,6 +97,34 @@ def test_each_layer_routes_by_its_own_options() -> None:
         row(torch.zeros(1, 8).as_subclass(_LooksCuda))
         row(torch.zeros(3, 8).as_subclass(_LooksCuda))
     assert [(args[0].shape[0], args[2]) for args in log.args] == [(1, True)]
+
+
+def test_the_mlp_fuses_its_activation_where_the_skinny_gemm_runs() -> None:
+    """executor.fuse_activation: CUDA batches of at most skinny_rows rows call xrt::linear_silu_and_mul (one launch,
+    the activation in the GEMM's epilogue) where gate_up would run xrt::linear; larger batches, the CPU and the
+    switch off keep gate_up and silu_and_mul apart. Every route computes the same values."""
+    torch.manual_seed(0)
+    mlps = {fuse: GatedMLP(8, 12, torch.float32, "cpu", options=LayerOptions(4, 16, fuse)) for fuse in (True, False)}
+    for param in mlps[True].parameters():
+        param.data.normal_()  # made empty (a checkpoint fills them)
+    mlps[False].load_state_dict(mlps[True].state_dict())
+    x = torch.randn(6, 8)
+    routes = {}
+    for fuse, mlp in mlps.items():
+        for rows in (1, 4, 6):
+            log = XrtOpLog()
+            with log:
+                out = mlp(x[:rows].as_subclass(_LooksCuda))
+            routes[fuse, rows] = log.calls
+            torch.testing.assert_close(out.as_subclass(torch.Tensor), mlps[False](x[:rows]), rtol=0, atol=0)
+        log = XrtOpLog()
+        with log:
+            mlp(x[:1])
+        routes[fuse, "cpu"] = log.calls
+    fused, apart = ["linear_silu_and_mul", "linear"], ["linear", "silu_and_mul", "linear"]
+    assert routes == {(True, 1): fused, (True, 4): fused, (True, 6): ["silu_and_mul"], (True, "cpu"): ["silu_and_mul"],
+                      (False, 1): apart, (False, 4): apart, (False, 6): ["silu_and_mul"],
+                      (False, "cpu"): ["silu_and_mul"]}
 
 
 def test_the_runner_builds_its_model_with_its_options() -> None:

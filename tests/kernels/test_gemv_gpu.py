@@ -125,6 +125,47 @@ def check_edge_cases(device: torch.device) -> None:
         g.gemv(torch.randn(2, 8, device=device), w, config=g.GemvConfig(16, 8, 16, use_dot=True))
 
 
+def gated_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) in fp32, w = [gate; up]."""
+    y = reference(x, w)
+    half = w.shape[0] // 2
+    return torch.nn.functional.silu(y[:, :half]) * y[:, half:]
+
+
+def check_gated(device: torch.device, dtype: torch.dtype, M: int, inter: int, K: int, config: object = None,
+                seed: int = 0) -> None:
+    """gemv(gated=True) against the fp32 reference, and against what it replaces (the same config's gate_up
+    product, then the silu_and_mul kernel): equal bit for bit in 16-bit (each output is the same sum over K, and
+    gate and up are rounded before the activation as the unfused path does)."""
+    g = gemv_module()
+    silu_and_mul = importlib.import_module("xrt.kernels.silu_and_mul").silu_and_mul
+    x, w = inputs(M, 2 * inter, K, dtype, seed)
+    x_dev, w_dev = x.to(device), w.to(device)
+    out = g.gemv(x_dev, w_dev, config=config, gated=True)
+    assert out.dtype == dtype and out.shape == (M, inter)
+    err = rel_err(out, gated_reference(x, w))
+    # Three roundings (gate, up, the product) against the fp32 reference's one.
+    assert err < 2 * TOLERANCE[dtype], f"gated gemv {dtype} M={M} I={inter} K={K} {config}: relative error {err:.3e}"
+    cfg = config or g.pick_config(M, 2 * inter, K)
+    if cfg.block_n == 1:  # the gated kernel's tile holds at least one (gate, up) pair
+        cfg = g.GemvConfig(cfg.block_m, 2, cfg.block_k, cfg.num_warps, cfg.split_k, cfg.use_dot, cfg.num_stages)
+    apart = silu_and_mul(g.gemv(x_dev, w_dev, config=cfg))
+    if dtype == torch.float32:
+        assert rel_err(out, apart) < 1e-5
+    else:
+        assert torch.equal(out.cpu(), apart.cpu()), f"gated gemv {dtype} M={M} I={inter} K={K} {cfg}: not unfused's"
+
+
+def check_gated_edges(device: torch.device) -> None:
+    g = gemv_module()
+    with pytest.raises(ValueError, match=r"gemv gated w: expected \[2 \* I, K\]"):
+        g.gemv(torch.randn(2, 8, device=device), torch.randn(5, 8, device=device), gated=True)
+    with pytest.raises(ValueError, match="gemv out: expected shape"):
+        g.gemv(torch.randn(2, 8, device=device), torch.randn(6, 8, device=device), gated=True,
+               out=torch.empty(2, 6, device=device))
+    assert g.gemv(torch.randn(0, 8, device=device), torch.randn(6, 8, device=device), gated=True).shape == (0, 3)
+
+
 # ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
 
 
@@ -234,3 +275,38 @@ def test_linear_op_on_cuda_matches_fp32_product(layer: str, M: int) -> None:
     x, w = inputs(M, N, K, torch.bfloat16, seed=M)
     out = linear(x.cuda(), w.cuda())
     assert rel_err(out, x.float() @ w.float().T) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("model", ["0.6b", "8b"])
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_gated_on_gate_up_shapes(device: torch.device, model: str, M: int) -> None:
+    """The MLP's fused gate_up + activation (executor.fuse_activation) at the configs picked for gate_up."""
+    N, K = (QWEN3_06B if model == "0.6b" else QWEN3_8B)["gate_up"]
+    check_gated(device, torch.bfloat16, M, N // 2, K)
+
+
+GATED_CONFIGS = [(1, 1, 64, 2), (4, 4, 64, 2, 4), (2, 8, 64, 2, 3), (16, 16, 32, 4, 1, True), (16, 16, 64, 4, 3, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("cfg", GATED_CONFIGS, ids=str)
+def test_gated_odd_shapes(device: torch.device, dtype: torch.dtype, cfg: tuple) -> None:
+    check_gated(device, dtype, 17, 21, 300, gemv_module().GemvConfig(*cfg))
+
+
+def test_gated_edges(device: torch.device) -> None:
+    check_gated_edges(device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("M", [1, 8, 9])
+def test_linear_silu_and_mul_op_on_cuda(M: int) -> None:
+    """xrt::linear_silu_and_mul as the MLP calls it: fused where the skinny GEMM runs gate_up, cuBLAS and the
+    silu_and_mul kernel elsewhere; both against the fp32 reference."""
+    import xrt.ops  # noqa: F401  (declares the ops)
+
+    for N, K in (QWEN3_06B["gate_up"], QWEN3_8B["gate_up"]):
+        x, w = inputs(M, N, K, torch.bfloat16, seed=M)
+        out = torch.ops.xrt.linear_silu_and_mul(x.cuda(), w.cuda())
+        assert out.shape == (M, N // 2)
+        assert rel_err(out, gated_reference(x, w)) < 2 * TOLERANCE[torch.bfloat16]  # rounded three times

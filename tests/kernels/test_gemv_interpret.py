@@ -50,6 +50,29 @@ def test_candidate_configs(shape: tuple[int, int, int]) -> None:
         checks.check_gemv(CPU, torch.float32, *shape, config=cfg)
 
 
+GATED = [
+    ("picked", None, (1, 12, 100)),
+    ("picked rows", None, (3, 35, 129)),
+    ("fma n1 -> one pair", (1, 1, 64, 2), (1, 8, 64)),
+    ("fma m4 k-tail split", (4, 4, 64, 2, 4), (4, 21, 250)),
+    ("fma m-tiles split", (2, 8, 64, 2, 3), (17, 12, 300)),
+    ("dot", (16, 16, 32, 4, 1, True), (5, 20, 100)),
+    ("dot split", (16, 16, 64, 4, 3, True), (9, 12, 192)),
+]
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("name", "cfg", "shape"), GATED, ids=[c[0] for c in GATED])
+def test_gated(dtype: torch.dtype, name: str, cfg: tuple | None, shape: tuple[int, int, int]) -> None:
+    checks.check_gated(CPU, dtype, *shape, config=cfg and checks.gemv_module().GemvConfig(*cfg))
+
+
+@in_process
+def test_gated_edges() -> None:
+    checks.check_gated_edges(CPU)
+
+
 @in_process
 def test_split_k_repeats_and_resets_counters() -> None:
     checks.check_split_k_repeats(CPU, torch.float32)

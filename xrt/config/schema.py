@@ -204,6 +204,11 @@ class ExecutorArgs:
         "for the shapes where it measured faster than cuBLAS (figures: bench/NOTES.md); 0: always cuBLAS",
         validator=ge(0),
     )
+    fuse_activation: bool = field(
+        True,
+        help="decode batches whose gate_up projection runs in the skinny-GEMM kernel compute silu(gate) * up in "
+        "its epilogue: one launch a layer fewer (figures: bench/NOTES.md)",
+    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),

@@ -9,11 +9,16 @@ One program owns a [BLOCK_M, BLOCK_N] output tile (and, with split-K, one K slic
   compute bound.
 Split-K partials go to an fp32 workspace; the last program to finish a tile (an arrival counter per tile)
 sums them in split order, writes the output and resets its counter, so one launch does all the work and
-the result is deterministic. Configs are fixed per shape (`pick_config`, in xrt/kernels/gemv_configs.py), never
+the result is deterministic.
+Gated (`gated=True`, the MLP's gate_up projection): w is [gate; up] stacked, [2I, K], and the output is
+silu(x @ gate^T) * (x @ up^T), [M, I]: a program's tile pairs gate row j with up row j, so the activation is its
+epilogue and the separate silu_and_mul launch (and the round trip of the [M, 2I] product) goes.
+Configs are fixed per shape (`pick_config`, in xrt/kernels/gemv_configs.py), never
 autotuned: every launch is capture-safe once each (M bucket, shape) has run eagerly once to compile it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -64,13 +69,31 @@ def _fma_rows_to_tile(acc, acc0, acc1, acc2, acc3, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _write_out(total, out_ptr, rm, m_mask, n_tile, N, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               GATED: tl.constexpr):
+    """A finished fp32 tile into out: as it is, or (GATED) its (gate, up) column pairs as silu(gate) * up, with
+    gate and up rounded to out's dtype first, as the unfused gate_up output and silu_and_mul kernel would be."""
+    dtype = out_ptr.dtype.element_ty
+    if GATED:
+        gate, up = tl.split(tl.reshape(total, [BLOCK_M, BLOCK_N // 2, 2]))
+        gate = gate.to(dtype).to(tl.float32)
+        up = up.to(dtype).to(tl.float32)
+        rj = n_tile * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rj[None, :]
+        tl.store(ptrs, (gate * tl.sigmoid(gate) * up).to(dtype), mask=m_mask[:, None] & (rj < N)[None, :])
+    else:
+        rn = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
+        tl.store(ptrs, total.to(dtype), mask=m_mask[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
 def _store_tile(
     acc,
     out_ptr,
     ws_ptr,
     cnt_ptr,
     rm,
-    rn,
     m_mask,
     n_mask,
     M,
@@ -83,16 +106,19 @@ def _store_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     """Write a program's fp32 [BLOCK_M, BLOCK_N] result: straight to out, or with split-K as a partial in the
-    workspace, the tile's last arrival summing the partials in split order into out and resetting the counter."""
-    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
+    workspace, the tile's last arrival summing the partials in split order into out and resetting the counter.
+    The workspace holds the tile's columns as the program computed them (GATED: gate / up pairs, 2N wide)."""
     if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _write_out(acc, out_ptr, rm, m_mask, n_tile, N, stride_om, BLOCK_M, BLOCK_N, GATED)
     else:
-        plane = M.to(tl.int64) * N
-        ws_tile = ws_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+        width = 2 * N if GATED else N
+        plane = M.to(tl.int64) * width
+        rv = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = m_mask[:, None] & n_mask[None, :]
+        ws_tile = ws_ptr + rm.to(tl.int64)[:, None] * width + rv[None, :]
         tl.store(ws_tile + k_split * plane, acc, mask=mask)
         # Every thread's partial is written before the (single-thread) release of the arrival below.
         tl.debug_barrier()
@@ -103,7 +129,7 @@ def _store_tile(
             for s in tl.static_range(SPLIT_K):
                 # .cg: read at L2, where the other programs' partials are, never a stale L1 line.
                 total += tl.load(ws_tile + s * plane, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
+            _write_out(total, out_ptr, rm, m_mask, n_tile, N, stride_om, BLOCK_M, BLOCK_N, GATED)
             tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
@@ -129,6 +155,7 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    GATED: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)  # x and the split-K counters belong to the kernels before
@@ -142,12 +169,19 @@ def _gemv_kernel(
     n_tile = rest // SPLIT_K
 
     rm = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    local = tl.arange(0, BLOCK_N)
+    if GATED:
+        # Tile row 2i is gate row j, 2i + 1 up row j (= w row N + j), j = the tile's i-th output.
+        rj = n_tile * (BLOCK_N // 2) + local // 2
+        n_mask = rj < N
+        rw = rj + (local % 2) * N
+    else:
+        rw = n_tile * BLOCK_N + local
+        n_mask = rw < N
     rk = tl.arange(0, BLOCK_K)
     m_mask = rm < M
-    n_mask = rn < N
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    w_rows = w_ptr + rw.to(tl.int64)[:, None] * stride_wn
     k_base = k_split * K_SPLIT
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
 
@@ -191,8 +225,8 @@ def _gemv_kernel(
                 acc3 += w * _load_x_row(x_ptr, row0 + 3, M, stride_xm, k, EVEN_K, K)
         acc = _fma_rows_to_tile(acc, acc0, acc1, acc2, acc3, BLOCK_M)
 
-    _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, rn, m_mask, n_mask, M, N, stride_om,
-                m_tile, n_tile, m_tiles, k_split, BLOCK_M, BLOCK_N, SPLIT_K)
+    _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, m_mask, n_mask, M, N, stride_om,
+                m_tile, n_tile, m_tiles, k_split, BLOCK_M, BLOCK_N, SPLIT_K, GATED)
 
 
 def _split_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -210,16 +244,21 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def gemv(
     x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None,
-    pdl: bool | None = None,
+    pdl: bool | None = None, gated: bool = False,
 ) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T -> [..., N] in x's dtype (written into `out` when given: [..., N], unit last
-    stride, rows at any stride when x is 2-D). pdl: `launch.pdl`'s wanted."""
+    stride, rows at any stride when x is 2-D). pdl: `launch.pdl`'s wanted. gated: w is [gate; up], [2I, K], and
+    the result silu(x @ gate^T) * (x @ up^T), [..., I] (N = I below); the config is w's shape's, its tile at
+    least one (gate, up) pair wide."""
     if w.dim() != 2 or w.stride(1) != 1:
         raise ValueError(f"gemv w: expected [N, K] with unit last stride, got shape {tuple(w.shape)} "
                          f"strides {w.stride()}")
-    N, K = w.shape
+    rows_w, K = w.shape
+    if gated and rows_w % 2:
+        raise ValueError(f"gemv gated w: expected [2 * I, K] (gate rows then up rows), got {tuple(w.shape)}")
+    N = rows_w // 2 if gated else rows_w
     if x.dim() == 0 or x.shape[-1] != K:
-        raise ValueError(f"gemv x: expected [..., {K}] (w is [{N}, {K}]), got shape {tuple(x.shape)}")
+        raise ValueError(f"gemv x: expected [..., {K}] (w is [{rows_w}, {K}]), got shape {tuple(x.shape)}")
     if x.dtype != w.dtype or x.device != w.device:
         raise ValueError(f"gemv: x and w must share dtype and device, got {x.dtype} on {x.device} and "
                          f"{w.dtype} on {w.device}")
@@ -244,13 +283,15 @@ def gemv(
         return out
     if K == 0:
         return out.zero_()
-    cfg = config if config is not None else pick_config(M, N, K)
+    cfg = config if config is not None else pick_config(M, rows_w, K)
+    if gated and cfg.block_n == 1:
+        cfg = dataclasses.replace(cfg, block_n=2)  # one (gate, up) pair: the same w rows a thread, twice
     check_config(cfg)
 
-    m_tiles, n_tiles = triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n)
+    m_tiles, n_tiles = triton.cdiv(M, cfg.block_m), triton.cdiv(rows_w, cfg.block_n)
     k_split = triton.cdiv(K, cfg.split_k * cfg.block_k) * cfg.block_k
     if cfg.split_k > 1:
-        ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
+        ws = torch.empty((cfg.split_k, M, rows_w), dtype=torch.float32, device=x.device)
         cnt = _split_counters(x.device, m_tiles * n_tiles)
     else:
         ws, cnt = out_rows, out_rows  # dead arguments: SPLIT_K == 1 is a constexpr
@@ -265,7 +306,7 @@ def gemv(
         K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or x.dtype == torch.float32 else "tf32",
-        DOT_FP32=interpret_bf16, PDL=on,
+        DOT_FP32=interpret_bf16, GATED=gated, PDL=on,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(on),
     )
     return out

@@ -17,11 +17,15 @@ class GatedMLP(nn.Module):
     ) -> None:
         super().__init__()
         self.pdl_max_rows = options.pdl_max_rows
+        self.fuse_activation = options.fuse_activation
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, dtype, device, tp,
                                                        options)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device, tp, options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        rows = gate_up.numel() // gate_up.shape[-1]
-        return self.down_proj.forward(torch.ops.xrt.silu_and_mul(gate_up, uses_pdl(rows, self.pdl_max_rows)))
+        rows = x.numel() // x.shape[-1]
+        pdl = uses_pdl(rows, self.pdl_max_rows)
+        if self.fuse_activation and x.dim() == 2 and x.is_cuda and rows <= self.gate_up_proj.skinny_rows:
+            # Where gate_up_proj would run xrt::linear: the same routing, the activation in the GEMM's epilogue.
+            return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
+        return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x), pdl))

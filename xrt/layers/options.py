@@ -19,11 +19,15 @@ class LayerOptions:
     # Triton launches of at most this many rows use programmatic dependent launch where the GPU has it
     # (executor.pdl_max_rows; -1: none, executor.pdl=false).
     pdl_max_rows: int
+    # The gated MLP's gate_up and silu_and_mul as one xrt::linear_silu_and_mul where xrt::linear would run
+    # (executor.fuse_activation).
+    fuse_activation: bool = True
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
-                   pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1)
+                   pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
+                   fuse_activation=executor.fuse_activation)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

@@ -38,3 +38,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> to
 
 
 register_device_impl("linear", "cuda", linear)
+
+_silu_and_mul = lazy_function("xrt.kernels.silu_and_mul", "silu_and_mul")
+
+
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """Where the skinny GEMM runs the gate_up shape: one launch, silu(gate) * up its epilogue; elsewhere cuBLAS
+    and the silu_and_mul kernel."""
+    n, k = weight.shape
+    if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(x.shape[0], n, k)):
+        return _gemv(x, weight, None, None, pdl, True)
+    return _silu_and_mul(torch.mm(x, weight.t()), pdl)
+
+
+register_device_impl("linear_silu_and_mul", "cuda", linear_silu_and_mul)

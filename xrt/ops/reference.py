@@ -82,6 +82,15 @@ def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
 
 
+@op("(Tensor x, Tensor weight, bool? pdl=None) -> Tensor",
+    lambda x, weight, pdl=None: x.new_empty((x.shape[0], weight.shape[0] // 2)))
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+    """The gated MLP's first half: silu_and_mul(linear(x, weight)), weight [gate; up] [2I, K] -> [M, I]. On CUDA
+    one skinny-GEMM launch with the activation as its epilogue where that kernel runs the shape
+    (`xrt.ops.cuda_impls.linear_silu_and_mul`)."""
+    return silu_and_mul(linear(x, weight))
+
+
 @op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()")
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None
