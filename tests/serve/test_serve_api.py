@@ -302,3 +302,20 @@ def test_the_engines_part_of_a_requests_latency_fits_inside_what_the_server_saw(
     assert took["inference"] == pytest.approx(took["prefill"] + took["decode"], rel=1e-6, abs=1e-9)
     assert took["queue"] + took["inference"] <= took["e2e"]
     assert took["decode"] > 0
+
+
+def test_the_http_loop_polls_while_requests_live_and_then_sleeps(tiny_checkpoint: str, reference: LLM) -> None:
+    """serve.http_spin_ms: the HTTP process's poller runs from a request's submission until spin_ms after the last
+    one ends, then stops (no core left busy); answers are unchanged. 0 (the default): no poller at all."""
+    with running_server(tiny_config(tiny_checkpoint), http_spin_ms=300.0) as s:
+        engine = s.state.loop
+        out = clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8, **GREEDY)
+        assert out.choices[0].text == offline(reference, PROMPTS[1:2], 8)[0]
+        spinner = engine._spinner
+        assert spinner is not None and not spinner.done(), "the poller stopped within its window"
+        wait_until(spinner.done, 5.0, "the poller to stop after its window")
+        clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, **GREEDY)
+        assert engine._spinner is not spinner, "a request after the window starts a new poller"
+    with running_server(tiny_config(tiny_checkpoint)) as s:
+        clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, **GREEDY)
+        assert s.state.loop._spinner is None

@@ -31,10 +31,12 @@ from typing import Any
 from xrt.config import XrtConfig
 from xrt.engine.admission import Admission
 from xrt.engine.outputs import StreamOutput
+from xrt.engine.request import Request
 from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger, set_level
 from xrt.serve.client import EngineClient
 from xrt.serve.core import Core, EngineState, Op
+from xrt.serve.jobs import Job
 from xrt.serve.metrics import Metrics
 from xrt.serve.wire import Frames, frame, recv, send
 
@@ -61,12 +63,35 @@ class _Pipe(asyncio.Protocol):
 
 
 class ProcessEngine(EngineClient):
-    def __init__(self, proc: Any, sock: socket.socket, admission: Admission, metrics: Metrics, max_live: int) -> None:
+    def __init__(self, proc: Any, sock: socket.socket, admission: Admission, metrics: Metrics, max_live: int,
+                 spin_s: float = 0.0) -> None:
+        """spin_s: serve.http_spin_ms, in seconds."""
         super().__init__(admission, metrics, max_live)
         self.proc = proc
         self.sock = sock
         self.transport: asyncio.Transport | None = None
         self._closed = False
+        self.spin_s = spin_s
+        self._spinner: asyncio.Task[None] | None = None
+
+    def submit(self, requests: list[Request], received: float | None = None, stream: bool = False) -> Job:
+        job = super().submit(requests, received, stream)
+        if self.spin_s > 0 and (self._spinner is None or self._spinner.done()):
+            self._spinner = asyncio.ensure_future(self._spin())
+        return job
+
+    async def _spin(self) -> None:
+        """Keeps the event loop polling (a ready task: its select never sleeps) while choices are live and spin_s
+        past the last one, so the pipe's next step and the socket's next request are read without a wake-up."""
+        idle_until = None
+        while not self._stopping:
+            if self._choices:
+                idle_until = None
+            elif idle_until is None:
+                idle_until = time.perf_counter() + self.spin_s
+            elif time.perf_counter() > idle_until:
+                return
+            await asyncio.sleep(0)
 
     async def start(self) -> None:
         self._aloop = asyncio.get_running_loop()
@@ -161,7 +186,7 @@ def start_process(cfg: XrtConfig, tokenizer: Tokenizer | None, metrics: Metrics,
         proc.join(30.0)
         sock.close()
         raise EngineStartError(msg[1])
-    return ProcessEngine(proc, sock, msg[1], metrics, max_live)
+    return ProcessEngine(proc, sock, msg[1], metrics, max_live, cfg.serve.http_spin_ms / 1e3)
 
 
 def _socket_of(conn: Connection) -> socket.socket:
