@@ -298,3 +298,39 @@ def test_matches_flashinfer_decode() -> None:
     live = [i for i, n in enumerate(lens) if n]
     err = ((out.float()[live] - ref[live]).abs().max() / ref[live].abs().max()).item()
     assert err < 2e-2, f"relative difference to FlashInfer {err:.3e}"
+
+
+@pytest.mark.parametrize("lens", [[1100, 37], [64, 1, 65], [4096]], ids=str)
+def test_reads_the_token_the_kernel_before_writes_after_it(device: torch.device, lens: list[int]) -> None:
+    """With PDL the kernel reads the page table and older K/V before the kernel launched just before it has
+    finished, each sequence's last token after: here that token's slot holds NaN until qk_norm_rope_store_kv,
+    launched right before with PDL and no synchronization between, writes it. Reading it early gives NaN or the
+    wrong attention."""
+    from xrt.kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+    heads, kv_heads, head_dim = QWEN3_06B
+    page_size, dtype, batch = 16, torch.bfloat16, len(lens)
+    case = make_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed=len(lens)).to(device)
+    slots = torch.tensor([int(case.kv_indices[int(case.kv_indptr[i + 1]) - 1]) * page_size
+                          + int(case.kv_last_page_len[i]) - 1 for i in range(batch)], device=device)
+    attn = build(device, heads, kv_heads, head_dim, page_size, batch, max(lens))
+    gen = torch.Generator().manual_seed(7)
+    qkv0 = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).to(device)
+    cos_sin = torch.randn(max(lens), head_dim, generator=gen).to(device)
+    positions = torch.tensor([n - 1 for n in lens], device=device)
+    norm_w = torch.ones(head_dim, dtype=dtype, device=device)
+    for round_ in range(3):
+        cache = case.kv_cache.clone()
+        pages, offsets = slots // page_size, slots % page_size
+        cache[pages, :, offsets] = float("nan")
+        qkv = qkv0 + round_
+        attn.run(qkv[:, : heads * head_dim].view(batch, heads, head_dim), cache, case.kv_indptr,
+                 case.kv_indices, case.kv_last_page_len, head_dim ** -0.5, pdl=True)  # compiled, in flight
+        qk_norm_rope_store_kv(qkv, norm_w, norm_w, cos_sin, positions, cache, slots, heads, kv_heads, head_dim,
+                              1e-6, pdl=True)
+        q = qkv[:, : heads * head_dim].view(batch, heads, head_dim)
+        out = attn.run(q, cache, case.kv_indptr, case.kv_indices, case.kv_last_page_len, head_dim ** -0.5,
+                       pdl=True)
+        torch.cuda.synchronize()
+        assert_matches(out, Case(q, cache, case.kv_indptr, case.kv_indices, case.kv_last_page_len, lens),
+                       f"round {round_}")
