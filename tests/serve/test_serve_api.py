@@ -306,7 +306,7 @@ def test_the_engines_part_of_a_requests_latency_fits_inside_what_the_server_saw(
 
 def test_the_http_loop_polls_while_requests_live_and_then_sleeps(tiny_checkpoint: str, reference: LLM) -> None:
     """serve.http_spin_ms: the HTTP process's poller runs from a request's submission until spin_ms after the last
-    one ends, then stops (no core left busy); answers are unchanged. 0 (the default): no poller at all."""
+    one ends, then stops (no core left busy); answers are unchanged. 0: no poller at all."""
     with running_server(tiny_config(tiny_checkpoint), http_spin_ms=300.0) as s:
         engine = s.state.loop
         out = clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=8, **GREEDY)
@@ -316,6 +316,6 @@ def test_the_http_loop_polls_while_requests_live_and_then_sleeps(tiny_checkpoint
         wait_until(spinner.done, 5.0, "the poller to stop after its window")
         clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, **GREEDY)
         assert engine._spinner is not spinner, "a request after the window starts a new poller"
-    with running_server(tiny_config(tiny_checkpoint)) as s:
+    with running_server(tiny_config(tiny_checkpoint), http_spin_ms=0.0) as s:
         clients(s.url)[0].completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, **GREEDY)
         assert s.state.loop._spinner is None

@@ -42,7 +42,7 @@ class ServeArgs:
         "core is busy for that long after each burst of work. 0: sleep at once", unit="ms", validator=ge(0),
     )
     http_spin_ms: float = field(
-        0.0, help="with serve.engine_process, the HTTP process's event loop polls instead of sleeping while requests "
+        10.0, help="with serve.engine_process, the HTTP process's event loop polls instead of sleeping while requests "
         "are live and for this long after the last one ends, so a step's tokens (and the next request of a client "
         "that sends one after another) are handled without waking the process; one more core busy meanwhile. 0: "
         "sleep whenever idle (figures: bench/NOTES.md)", unit="ms", validator=ge(0),

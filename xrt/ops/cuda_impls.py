@@ -26,6 +26,7 @@ register_kernels("cuda", "xrt.kernels", KERNELS)
 
 _prefer_gemv = lazy_function("xrt.kernels.gemv", "prefer_gemv")
 _gemv = lazy_function("xrt.kernels.gemv", "gemv")
+_pick_config = lazy_function("xrt.kernels.gemv", "pick_config")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
@@ -43,11 +44,14 @@ _silu_and_mul = lazy_function("xrt.kernels.silu_and_mul", "silu_and_mul")
 
 
 def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """Where the skinny GEMM runs the gate_up shape: one launch, silu(gate) * up its epilogue; elsewhere cuBLAS
-    and the silu_and_mul kernel."""
-    n, k = weight.shape
-    if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(x.shape[0], n, k)):
-        return _gemv(x, weight, None, None, pdl, True)
+    """Where the skinny GEMM runs the gate_up shape on its FMA path: one launch, silu(gate) * up its epilogue.
+    Elsewhere the two apart, as xrt::linear then silu_and_mul: on the tensor-core path the gated epilogue measured
+    slower (Qwen3-8B at batch 8, bench/NOTES.md)."""
+    m, (n, k) = x.shape[0], weight.shape
+    if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(m, n, k)):
+        if not _pick_config(m, n, k).use_dot:
+            return _gemv(x, weight, None, None, pdl, True)
+        return _silu_and_mul(_gemv(x, weight, None, None, pdl), pdl)
     return _silu_and_mul(torch.mm(x, weight.t()), pdl)
 
 
