@@ -38,23 +38,6 @@ DEFAULT_SPLIT_TOKENS = 64
 _MERGE_ROWS = 64
 
 
-@triton.jit
-def _attend(q, k, v, t_mask, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr):
-    """One block of keys into the running softmax (max m_i, sum l_i, unnormalised acc) of q's heads."""
-    if DOT_FP32:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    qk = tl.where(t_mask[None, :], qk, float("-inf"))
-    # Every block holds at least one valid token, so m_new is finite.
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l_i, acc
-
-
 @triton.jit(do_not_specialize=["max_splits", "split_tokens", "ws_splits"])
 def _decode_kernel(
     q_ptr, kv_ptr, out_ptr, ws_out_ptr, ws_lse_ptr, cnt_ptr,
@@ -66,13 +49,11 @@ def _decode_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_H: tl.constexpr, MERGE_S: tl.constexpr,
     PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)  # q and this step's K/V come from the kernel before
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
 
-    # Before the PDL wait (`DecodeAttention.run`): the page table, and the first block's keys and values but the
-    # sequence's last token (the one the kernel before writes), all from earlier kernels or the host. What
-    # waits for the kernel before is then q, that token and the later blocks.
     page_lo = tl.load(kv_indptr_ptr + b)
     npages = tl.load(kv_indptr_ptr + b + 1) - page_lo
     last = tl.load(last_len_ptr + b)
@@ -87,44 +68,44 @@ def _decode_kernel(
     h_mask = rh < GROUP
     head = kvh * GROUP + rh
     out_rows = out_ptr + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + rd[None, :]
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
-    k_base = kv_ptr + kvh * stride_head + rd[None, :]
-    v_base = k_base + stride_kv
-    t = start + tl.arange(0, BLOCK_N)
-    page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
-    tok = page.to(tl.int64) * stride_page + (t % PAGE_SIZE) * stride_tok
-    old = ((t < end) & (t < seq_len - 1))[:, None]
-    k_old = tl.load(k_base + tok[:, None], mask=old, other=0.0)
-    v_old = tl.load(v_base + tok[:, None], mask=old, other=0.0)
-    pdl_enter(PDL)  # q and this step's K/V come from the kernel before
 
     if split < n_splits:
+        start = split * chunk
+        end = tl.minimum(start + chunk, seq_len)
         q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + rd[None, :],
                     mask=h_mask[:, None], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
+        k_base = kv_ptr + kvh * stride_head + rd[None, :]
+        v_base = k_base + stride_kv
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-        newest = (t == seq_len - 1)[:, None]
-        k = tl.where(newest, tl.load(k_base + tok[:, None], mask=newest, other=0.0), k_old)
-        v = tl.where(newest, tl.load(v_base + tok[:, None], mask=newest, other=0.0), v_old)
-        m_i, l_i, acc = _attend(q, k, v, t < end, m_i, l_i, acc, scale_log2, PRECISION, DOT_FP32)
         # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then
         # depend on no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of
         # K and V in flight (with the page-id load inside the iteration it keeps only one).
-        t = t + BLOCK_N
+        t = start + tl.arange(0, BLOCK_N)
         page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
         tok = page.to(tl.int64) * stride_page + (t % PAGE_SIZE) * stride_tok
-        for _ in range(start + BLOCK_N, end, BLOCK_N):
+        for _ in range(start, end, BLOCK_N):
             t_mask = t < end
             k = tl.load(k_base + tok[:, None], mask=t_mask[:, None], other=0.0)
             v = tl.load(v_base + tok[:, None], mask=t_mask[:, None], other=0.0)
             t_next = t + BLOCK_N
             page_n = tl.load(kv_indices_ptr + page_lo + t_next // PAGE_SIZE, mask=t_next < end, other=0)
             tok_n = page_n.to(tl.int64) * stride_page + (t_next % PAGE_SIZE) * stride_tok
-            m_i, l_i, acc = _attend(q, k, v, t_mask, m_i, l_i, acc, scale_log2, PRECISION, DOT_FP32)
+            if DOT_FP32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+            qk = tl.where(t_mask[None, :], qk, float("-inf"))
+            # Every block holds at least one valid token, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
             t = t_next
             tok = tok_n
         o = acc / l_i[:, None]
@@ -294,10 +275,7 @@ class DecodeAttention:
         """Attention of q [B, H, D] (one token per sequence, B <= max_batch) over each sequence's pages:
         sequence i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]] and is (pages - 1) * page_size +
         kv_last_page_len[i] tokens long (0 without pages). Only the first B + 1 / B entries of kv_indptr /
-        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given). pdl: `launch.pdl`'s wanted;
-        with PDL the launch may read the page table and every token's K/V but each sequence's last before the
-        kernel launched just before it has finished: that kernel may write q and the last tokens' K/V (a decode
-        step's qk_norm_rope_store_kv), nothing else this reads."""
+        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given). pdl: `launch.pdl`'s wanted."""
         self._check(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, out)
         if out is None:
             out = torch.empty_like(q)

@@ -5,9 +5,6 @@ per (token, head) was 24576 one-warp programs, latency-bound at 17 us). The bloc
 chosen from the token count) so one compiled kernel serves every batch. The fused variant also writes
 each rotated k head and its v head into the paged cache, saving the separate store_kv launch.
 
-With PDL a launch reads the weights, positions, the cos/sin cache and the slots before the kernel launched just
-before it has finished: only qkv may come from that kernel.
-
 Numerics follow xrt.ops.reference: norm, weight and rotation (fp32 cos/sin cache) all in fp32, rounded
 once to the qkv dtype."""
 
@@ -51,6 +48,7 @@ def _qk_norm_rope_kernel(
     STORE_KV: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)  # q heads, then k heads
     half = head_dim // 2
@@ -60,35 +58,32 @@ def _qk_norm_rope_kernel(
     is_q = heads < num_heads
     dtype = qkv_ptr.dtype.element_ty
 
-    # Before the PDL wait: the weights, the position and its cos / sin (one dependent load after another) and the
-    # slot, none of them written by the kernel before (the host, or kernels before it, wrote them); the row is.
-    dm = d < half
-    w1 = tl.where(is_q[:, None], tl.load(q_w_ptr + d, mask=dm, other=0.0).to(tl.float32)[None, :],
-                  tl.load(k_w_ptr + d, mask=dm, other=0.0).to(tl.float32)[None, :])
-    w2 = tl.where(is_q[:, None], tl.load(q_w_ptr + half + d, mask=dm, other=0.0).to(tl.float32)[None, :],
-                  tl.load(k_w_ptr + half + d, mask=dm, other=0.0).to(tl.float32)[None, :])
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    cs_row = cos_sin_ptr + pos * cos_sin_row_stride
-    cos = tl.load(cs_row + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(cs_row + half + d, mask=dm, other=0.0).to(tl.float32)[None, :]
-    if STORE_KV:
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
-    pdl_enter(PDL)
-
     row = qkv_ptr + tok * qkv_row_stride
     # k heads follow the q heads directly, so head * head_dim addresses both.
     ptrs = row + heads[:, None] * head_dim + d[None, :]
     x1 = tl.load(ptrs, mask=live, other=0.0).to(tl.float32)
     x2 = tl.load(ptrs + half, mask=live, other=0.0).to(tl.float32)
     rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / head_dim + eps)[:, None]
+
+    dm = d < half
+    w1 = tl.where(is_q[:, None], tl.load(q_w_ptr + d, mask=dm, other=0.0).to(tl.float32)[None, :],
+                  tl.load(k_w_ptr + d, mask=dm, other=0.0).to(tl.float32)[None, :])
+    w2 = tl.where(is_q[:, None], tl.load(q_w_ptr + half + d, mask=dm, other=0.0).to(tl.float32)[None, :],
+                  tl.load(k_w_ptr + half + d, mask=dm, other=0.0).to(tl.float32)[None, :])
     n1 = x1 * rstd * w1
     n2 = x2 * rstd * w2
+
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    cs_row = cos_sin_ptr + pos * cos_sin_row_stride
+    cos = tl.load(cs_row + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cs_row + half + d, mask=dm, other=0.0).to(tl.float32)[None, :]
     o1 = (n1 * cos - n2 * sin).to(dtype)
     o2 = (n2 * cos + n1 * sin).to(dtype)
     tl.store(ptrs, o1, mask=live)
     tl.store(ptrs + half, o2, mask=live)
 
     if STORE_KV:
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
         # Only k heads write, and nothing for padded rows (slot -1). The slot condition is folded into a
         # bound: the interpreter rejects a tensor mask combined with a scalar condition.
         last = tl.where(slot >= 0, num_heads + num_kv_heads, num_heads)
