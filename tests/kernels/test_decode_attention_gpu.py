@@ -302,10 +302,10 @@ def test_matches_flashinfer_decode() -> None:
 
 @pytest.mark.parametrize("lens", [[1100, 37], [64, 1, 65], [4096]], ids=str)
 def test_reads_the_token_the_kernel_before_writes_after_it(device: torch.device, lens: list[int]) -> None:
-    """With PDL the kernel reads the page table and older K/V before the kernel launched just before it has
-    finished, each sequence's last token after: here that token's slot holds NaN until qk_norm_rope_store_kv,
-    launched right before with PDL and no synchronization between, writes it. Reading it early gives NaN or the
-    wrong attention."""
+    """A decode step's order with PDL: qk_norm_rope_store_kv writes each sequence's last token (over NaN here),
+    the attention kernel launched right after it (PDL, no synchronization between) must read it only once that
+    kernel has finished; reading it early gives NaN or the wrong attention. (Reading the page table and older K/V
+    before the wait was tried and measured slower: bench/NOTES.md.)"""
     from xrt.kernels.qk_norm_rope import qk_norm_rope_store_kv
 
     heads, kv_heads, head_dim = QWEN3_06B
