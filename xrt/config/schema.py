@@ -206,8 +206,8 @@ class ExecutorArgs:
     )
     fuse_activation: bool = field(
         True,
-        help="decode batches whose gate_up projection runs in the skinny-GEMM kernel compute silu(gate) * up in "
-        "its epilogue: one launch a layer fewer (figures: bench/NOTES.md)",
+        help="decode batches whose gate_up projection runs on the skinny-GEMM kernel's FMA path (batch 1 on the "
+        "measured shapes) compute silu(gate) * up in its epilogue: one launch a layer fewer (figures: bench/NOTES.md)",
     )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "

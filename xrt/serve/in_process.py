@@ -5,8 +5,9 @@ as plain tuples, which pickle several times faster than dataclasses, the engine'
 HTTP side reads and writes it through an asyncio transport, so a burst of requests never blocks its event loop on a
 full pipe (what the engine has not read yet waits in that transport's buffer); the engine's core reads the pipe
 itself between steps (`PipeInbox`), and when it goes idle polls it for `serve.idle_spin_ms` before it sleeps in
-`select`, so the next request of a client that sends one after another is taken without waking a process. Neither
-waits on the other's GIL.
+`select`, so the next request of a client that sends one after another is taken without waking a process. The HTTP
+side does the same (`serve.http_spin_ms`): its event loop polls while requests are live and that long after the
+last, so a step's message is read without a wake-up. Neither waits on the other's GIL.
 
 Start-up: the engine process loads the model and answers ("ready", admission) or ("error", line); `start_process`
 waits for that, so a server listens only once its model is up, and a bad model is one line and exit 2. The engine
