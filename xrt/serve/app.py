@@ -28,9 +28,10 @@ from xrt.engine.admission import Admission
 from xrt.engine.outputs import RequestOutput
 from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger
-from xrt.serve.arrival import ARRIVAL, Arrival
+from xrt.serve.arrival import ARRIVAL
 from xrt.serve.client import EngineClient, EngineFailed
 from xrt.serve.errors import APIError, error_body
+from xrt.serve.front import Front
 from xrt.serve.jobs import Job
 from xrt.serve.metrics import Metrics, openai_finish_reason
 from xrt.serve.prepare import Prepared, SamplingCache, prepare_chat, prepare_completion
@@ -85,7 +86,9 @@ def build_state(cfg: XrtConfig, tokenizer: Tokenizer | None = None) -> ServerSta
     return ServerState(args, name, cfg.sampling, metrics, loop)
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState) -> Front:
+    """The ASGI application: FastAPI's, its generation endpoints reached through `Front`."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.loop.start()
@@ -93,7 +96,6 @@ def build_app(state: ServerState) -> FastAPI:
         await state.loop.shutdown()  # after uvicorn's grace period: aborts whatever is left
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(Arrival)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -130,12 +132,14 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await _guarded(state, request, ChatCompletionRequest, prepare_chat, chat=True)
 
-    # Starlette's plain routes, not FastAPI's: the handlers read the Request themselves, and FastAPI's
-    # per-request dependency solving would only be time inside every TTFT.
-    app.add_route("/v1/completions", completions, methods=["POST"])
-    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    generation = {("POST", "/v1/completions"): completions, ("POST", "/v1/chat/completions"): chat_completions}
+    # Routed by `Front` at the server's root; registered here as well for a server mounted under a root_path, and so
+    # that another method on these paths gets FastAPI's 405. Starlette's plain routes, not FastAPI's: the handlers
+    # read the Request themselves, and FastAPI's per-request dependency solving would only be time inside every TTFT.
+    for (method, path), handler in generation.items():
+        app.add_route(path, handler, methods=[method])
 
-    return app
+    return Front(app, generation)
 
 
 async def _guarded(state: ServerState, request: Request, model: type[BaseModel], prepare: Callable[..., Prepared],

@@ -1,33 +1,20 @@
 """When a request arrived: the time its latencies (TTFT, queue time, E2E) count from, stamped as early as the server
 can see it, so /metrics holds as much of a client's wait as possible. With httptools (the serve extra's, uvicorn's
 choice when installed) the stamp is taken by uvicorn's protocol as the request's first bytes are parsed, before the
-rest of its headers and body are read, a task is made for it and the ASGI stack is entered; otherwise the `Arrival`
-middleware takes it when the application is called (later by that much)."""
+rest of its headers and body are read, a task is made for it and the ASGI stack is entered; otherwise the
+application's outermost layer (xrt.serve.front) takes it when it is called (later by that much)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 ARRIVAL = "xrt.arrival"  # the key in the ASGI scope: time.perf_counter() at arrival
 
 
-class Arrival:
-    """ASGI middleware: stamps a request that arrived through a protocol that did not (h11, another server)."""
-
-    def __init__(self, app: Callable[..., Any]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and ARRIVAL not in scope:
-            scope[ARRIVAL] = time.perf_counter()
-        await self.app(scope, receive, send)
-
-
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # no httptools: uvicorn serves with h11, and the middleware stamps
+except ImportError:  # no httptools: uvicorn serves with h11, and xrt.serve.front stamps
     HttpToolsProtocol = None
 
 
