@@ -62,6 +62,13 @@ class PagePool:
         pages: list[int] = []
         hashes: list[bytes] = []
         parent: bytes | None = None
+        if num_pages < 1:
+            return pages, hashes
+        # The first page alone first: most new prompts miss there, and converting all of a long prompt's ids would be
+        # most of their lookup. A hit converts the rest in one go.
+        first = _page_bytes(token_ids, 1, self.page_size)
+        if self.cached.get(_hash(None, first[0])) is None:
+            return pages, hashes
         for data in _page_bytes(token_ids, num_pages, self.page_size):
             h = _hash(parent, data)
             pid = self.cached.get(h)
