@@ -63,7 +63,10 @@ class QKNormSelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2 KV) * D], normalised and rotated in place below
+        return self.attend(positions, self.qkv_proj(hidden))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Everything after the qkv projection: qkv [T, (H + 2 KV) * D] (normalised and rotated in place here)."""
         t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
