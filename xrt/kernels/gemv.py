@@ -98,9 +98,11 @@ def _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm
                EVEN_K: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr):
     """The FMA path's x tile of one row: x as it is, or (NORM) normalised from the residual sum."""
     if NORM:
-        return _load_normed_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm, stride_rom, k,
-                                rstd, store, EVEN_K, K)
-    return _load_x_row(x_ptr, row, M, stride_xm, k, EVEN_K, K)
+        x = _load_normed_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm, stride_rom, k, rstd,
+                             store, EVEN_K, K)
+    else:
+        x = _load_x_row(x_ptr, row, M, stride_xm, k, EVEN_K, K)
+    return x
 
 
 @triton.jit
