@@ -2,29 +2,63 @@
 bundled ptxas, nothing launched. `launches(fn)` runs a kernel wrapper on CPU tensors with every Triton launch
 recorded instead of run (a wrapper's checks and its choice of grid, constexprs and warps are the real ones);
 `ptxas_report` compiles a recorded launch as a GPU would (PDL on where the kernel takes it) and returns what ptxas
-says of it; `spill_bytes` reads the spill stores out of that. Used by tests/kernels/test_*_sm90.py."""
+says of it; `spill_bytes` reads the spill stores out of that. Used by tests/kernels/test_*_sm90.py, each through a
+`Compiler`.
+
+triton.jit decides at decoration time whether a kernel is compiled or interpreted: in a session where a
+*_interpret.py file switched the interpreter on first (tests/interpret_support.py), the kernels here are interpreted
+functions, so `in_process` tests skip and the file's `test_in_subprocess` reruns it in a fresh process without the
+interpreter."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import JITFunction, create_function_from_signature
+import pytest
+import torch
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-HAVE_PTXAS = os.access(PTXAS, os.X_OK)
+
+class Compiler:
+    """For one test module: skips it on CUDA machines (the GPU tests launch the kernels) or without triton's CUDA
+    toolchain, and marks its tests to run in this process or, under the interpreter, in a fresh one."""
+
+    def __init__(self, gpu_test: str) -> None:
+        if torch.cuda.is_available():
+            pytest.skip(f"CUDA present: tests/{gpu_test} launches the kernels", allow_module_level=True)
+        if importlib.util.find_spec("triton") is None:
+            pytest.skip("triton is not installed", allow_module_level=True)
+        if not os.access(ptxas(), os.X_OK):
+            pytest.skip("triton's bundled ptxas is missing", allow_module_level=True)
+        self.active = os.environ.get("TRITON_INTERPRET") != "1"
+        self.in_process = pytest.mark.skipif(not self.active, reason="Triton interprets kernels in this session: "
+                                             "run by test_in_subprocess")
+        self.subprocess_only = pytest.mark.skipif(self.active, reason="runs in process")
+
+    @staticmethod
+    def rerun(test_file: str) -> None:
+        """Run test_file's tests in a fresh process with the interpreter off; fail with their output."""
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+                                capture_output=True, text=True, env=env)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def ptxas() -> str:
+    spec = importlib.util.find_spec("triton")
+    assert spec is not None and spec.origin is not None
+    return os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas")
 
 
 @dataclass
 class Launch:
-    kernel: JITFunction
+    kernel: Any  # triton's JITFunction
     args: tuple[Any, ...]
     kwargs: dict[str, Any]  # the constexprs and launch options passed by name
 
@@ -39,10 +73,12 @@ class Launch:
 
 def launches(fn: Callable[[], object]) -> list[Launch]:
     """The Triton launches fn() makes, recorded and not run."""
+    from triton.runtime.jit import JITFunction
+
     recorded: list[Launch] = []
     original = JITFunction.run
 
-    def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         recorded.append(Launch(self, args, kwargs))
 
     JITFunction.run = record  # type: ignore[method-assign]
@@ -57,6 +93,11 @@ def ptxas_report(launch: Launch, tmp: str) -> str:
     """ptxas -v's lines for the launch compiled for sm_90a as Triton's launcher would compile it (its own binder:
     the same specialization of the arguments, the same options), PDL on where the kernel takes it (a GPU launch
     asks for it; the CPU's never does)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
     kernel = launch.kernel
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
@@ -71,7 +112,7 @@ def ptxas_report(launch: Launch, tmp: str) -> str:
     ptx = os.path.join(tmp, f"{launch.name}.ptx")
     with open(ptx, "w") as f:
         f.write(compiled.asm["ptx"])
-    done = subprocess.run([PTXAS, "-v", "-arch=sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True,
+    done = subprocess.run([ptxas(), "-v", "-arch=sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stderr

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sm90_support import Compiler, launches, ptxas_report, spill_bytes
 
-pytest.importorskip("triton")
-if torch.cuda.is_available():
-    pytest.skip("a CUDA machine launches the kernels (tests/kernels/test_gemv_gpu.py)", allow_module_level=True)
-
-from sm90_support import HAVE_PTXAS, launches, ptxas_report, spill_bytes  # noqa: E402
+COMPILER = Compiler("kernels/test_gemv_gpu.py")
 
 from xrt.kernels import gemv as g  # noqa: E402
 
@@ -42,7 +39,7 @@ def cases() -> list[tuple[str, str, int, bool]]:
     return out
 
 
-@pytest.mark.skipif(not HAVE_PTXAS, reason="triton's bundled ptxas is missing")
+@COMPILER.in_process
 @pytest.mark.parametrize(("model", "layer", "M", "norm"), cases(),
                          ids=[f"{m}-{layer}-M{M}{'-norm' if n else ''}" for m, layer, M, n in cases()])
 def test_picked_configs_compile_for_sm90_without_spills(model: str, layer: str, M: int, norm: bool,
@@ -55,3 +52,8 @@ def test_picked_configs_compile_for_sm90_without_spills(model: str, layer: str, 
     assert launch.arg("NORM") == norm
     report = ptxas_report(launch, str(tmp_path))
     assert spill_bytes(report) == 0, f"{model} {layer} M={M}: {report.strip()}"
+
+
+@COMPILER.subprocess_only
+def test_in_subprocess() -> None:
+    COMPILER.rerun(__file__)

@@ -10,12 +10,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from sm90_support import Compiler, launches, ptxas_report, spill_bytes
 
-pytest.importorskip("triton")
-if torch.cuda.is_available():
-    pytest.skip("a CUDA machine launches the kernels (tests/kernels/test_kernels_gpu.py)", allow_module_level=True)
-
-from sm90_support import HAVE_PTXAS, launches, ptxas_report, spill_bytes  # noqa: E402
+COMPILER = Compiler("kernels/test_kernels_gpu.py")
 
 from xrt.kernels.copy_rows import copy_rows  # noqa: E402
 from xrt.kernels.decode_attention import DecodeAttention  # noqa: E402
@@ -62,7 +59,7 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
 CASES = [(model, name) for model in MODELS for name in calls(model)]
 
 
-@pytest.mark.skipif(not HAVE_PTXAS, reason="triton's bundled ptxas is missing")
+@COMPILER.in_process
 @pytest.mark.parametrize(("model", "name"), CASES, ids=[f"{m}-{n.replace(' ', '-')}" for m, n in CASES])
 def test_kernels_compile_for_sm90_without_spills(model: str, name: str, tmp_path: object) -> None:
     recorded = launches(calls(model)[name])
@@ -70,3 +67,8 @@ def test_kernels_compile_for_sm90_without_spills(model: str, name: str, tmp_path
     for launch in recorded:
         report = ptxas_report(launch, str(tmp_path))
         assert spill_bytes(report) == 0, f"{model} {name} ({launch.name}): {report.strip()}"
+
+
+@COMPILER.subprocess_only
+def test_in_subprocess() -> None:
+    COMPILER.rerun(__file__)

@@ -192,15 +192,16 @@ def _gemv_kernel(
     out_ptr,
     ws_ptr,
     cnt_ptr,
-    res_ptr,
-    res_out_ptr,
-    nw_ptr,
-    eps,
     M,
     N,
     stride_xm,
     stride_wn,
     stride_om,
+    # NORM's (after the others: the plain kernel's parameters keep their places)
+    res_ptr,
+    res_out_ptr,
+    nw_ptr,
+    eps,
     stride_rm,
     stride_rom,
     K: tl.constexpr,
@@ -417,7 +418,7 @@ def gemv(
     else:  # dead arguments: NORM is a constexpr
         res, res_out, nw, eps, r_stride, ro_stride = rows, rows, rows, 0.0, K, K
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
-        rows, w, out_rows, ws, cnt, res, res_out, nw, eps, M, N, x_stride, w.stride(0), o_stride, r_stride,
+        rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride, res, res_out, nw, eps, r_stride,
         ro_stride, K=K, K_POW2=triton.next_power_of_2(K), K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or x.dtype == torch.float32 else "tf32",
