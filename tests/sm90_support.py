@@ -41,6 +41,10 @@ class Compiler:
                                              "run by test_in_subprocess")
         self.subprocess_only = pytest.mark.skipif(self.active, reason="runs in process")
 
+    def cases(self, cases: list[Any]) -> list[Any]:
+        """A parametrization's cases, none where they run in the fresh process (one skip, not one per case)."""
+        return cases if self.active else []
+
     @staticmethod
     def rerun(test_file: str) -> None:
         """Run test_file's tests in a fresh process with the interpreter off; fail with their output."""

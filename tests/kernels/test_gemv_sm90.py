@@ -40,8 +40,8 @@ def cases() -> list[tuple[str, str, int, bool]]:
 
 
 @COMPILER.in_process
-@pytest.mark.parametrize(("model", "layer", "M", "norm"), cases(),
-                         ids=[f"{m}-{layer}-M{M}{'-norm' if n else ''}" for m, layer, M, n in cases()])
+@pytest.mark.parametrize(("model", "layer", "M", "norm"), COMPILER.cases(cases()),
+                         ids=[f"{m}-{layer}-M{M}{'-norm' if n else ''}" for m, layer, M, n in COMPILER.cases(cases())])
 def test_picked_configs_compile_for_sm90_without_spills(model: str, layer: str, M: int, norm: bool,
                                                         tmp_path: object) -> None:
     N, K = SHAPES[model][layer]

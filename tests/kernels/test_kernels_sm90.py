@@ -56,7 +56,7 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
     }
 
 
-CASES = [(model, name) for model in MODELS for name in calls(model)]
+CASES = COMPILER.cases([(model, name) for model in MODELS for name in calls(model)])
 
 
 @COMPILER.in_process
