@@ -43,16 +43,20 @@ register_device_impl("linear", "cuda", linear)
 _silu_and_mul = lazy_function("xrt.kernels.silu_and_mul", "silu_and_mul")
 
 
+def _on_fma_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether xrt::linear runs x @ weight^T on the skinny GEMM's FMA path, where its fused prologue and epilogue
+    apply (on the tensor-core path the gated epilogue measured slower: Qwen3-8B at batch 8, bench/NOTES.md)."""
+    m, (n, k) = x.shape[0], weight.shape
+    return (x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(m, n, k))
+            and not _pick_config(m, n, k).use_dot)
+
+
 def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """Where the skinny GEMM runs the gate_up shape on its FMA path: one launch, silu(gate) * up its epilogue.
-    Elsewhere the two apart, as xrt::linear then silu_and_mul: on the tensor-core path the gated epilogue measured
-    slower (Qwen3-8B at batch 8, bench/NOTES.md)."""
-    m, (n, k) = x.shape[0], weight.shape
-    if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(m, n, k)):
-        if not _pick_config(m, n, k).use_dot:
-            return _gemv(x, weight, None, None, pdl, True)
-        return _silu_and_mul(_gemv(x, weight, None, None, pdl), pdl)
-    return _silu_and_mul(torch.mm(x, weight.t()), pdl)
+    Elsewhere the two apart, as xrt::linear then silu_and_mul."""
+    if _on_fma_path(x, weight):
+        return _gemv(x, weight, None, None, pdl, True)
+    return _silu_and_mul(linear(x, weight, pdl), pdl)
 
 
 register_device_impl("linear_silu_and_mul", "cuda", linear_silu_and_mul)
@@ -68,12 +72,9 @@ def add_rms_norm_linear(
     """Where the skinny GEMM runs the shape on its FMA path: one launch, the residual add and RMSNorm its
     prologue (the activation its epilogue when gated). Elsewhere the fused_add_rms_norm kernel out of place, then
     xrt::linear's or xrt::linear_silu_and_mul's route: the launches of the unfused layer."""
-    m, (n, k) = x.shape[0], weight.shape
     summed = torch.empty_like(residual)
-    if x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(m, n, k)):
-        if not _pick_config(m, n, k).use_dot:
-            out = _gemv(x, weight, None, None, pdl, gated, _norm_prologue(residual, norm_weight, eps, summed))
-            return out, summed
+    if _on_fma_path(x, weight):
+        return _gemv(x, weight, None, None, pdl, gated, _norm_prologue(residual, norm_weight, eps, summed)), summed
     normed = torch.empty_like(x)
     _fused_add_rms_norm(x, residual, norm_weight, eps, pdl, normed, summed)
     return (linear_silu_and_mul(normed, weight, pdl) if gated else linear(normed, weight, pdl)), summed

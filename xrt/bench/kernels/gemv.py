@@ -97,12 +97,12 @@ def run_norm_shape(layer: str, rows: int, weights: list[torch.Tensor]) -> Iterat
                             check=lambda: rel_err(last[0], ref)), len(weights))
     norm = NormPrologue(residual, norm_w, 1e-6, summed)
     # xrt::add_rms_norm_linear runs the prologue with the picked config where it is an FMA one (else apart).
-    picked = candidate_configs(rows, n, k)[0]
-    for config in (c for c in candidate_configs(rows, n, k) if not c.use_dot):
+    candidates = candidate_configs(rows, n, k)
+    for config in (c for c in candidates if not c.use_dot):
         def fused(w: torch.Tensor, config: object = config) -> None:
             gemv(x, w, out=out, config=config, gated=gated, norm=norm)
 
-        role = "default" if config == picked and prefer_gemv(rows, n, k) else "candidate"
+        role = "default" if config == candidates[0] and prefer_gemv(rows, n, k) else "candidate"
         m = Measurement(GROUP, case, rows, None, f"norm prologue {config}", role, nbytes=nbytes)
         yield _per_copy(measure(m, lambda fused=fused: fused(weights[0]),
                                 lambda fused=fused: [fused(w) for w in weights],
