@@ -282,3 +282,23 @@ def test_small_decode_batches_take_the_triton_kernel(device: torch.device, seqs:
     assert backend.plans == (0 if small else 1) and (backend._active is backend.small_decode) == small
     err = rel_err(backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5), ref_attention(q, kv_cache, meta))
     assert err < TOLERANCE, f"{len(seqs)} sequences: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("seqs", [DECODE[:1], DECODE[3:5], DECODE], ids=["batch1", "batch2", "batch6"])
+def test_fuses_the_qk_norm_rope_on_its_small_decode_only_where_asked(device: torch.device,
+                                                                     seqs: list[tuple[int, int]], fuse: bool) -> None:
+    """fuse_qk_norm_rope (executor.fuse_qk_norm_rope): decode batches on the Triton kernel take the layer's raw qkv;
+    FlashInfer's batches, prefills and a backend without the option never do, and refuse forward_fused."""
+    from xrt.attention.flashinfer import SMALL_DECODE_MAX_BATCH
+
+    heads, kv_heads = HEADS[0]
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device, max_pages_per_seq=64, ragged_prefill=True,
+                           fuse_qk_norm_rope=fuse)
+    meta = build_meta(seqs, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(41), False)
+    backend.plan(meta)
+    assert backend.fuses_qk_norm_rope() == (fuse and len(seqs) <= SMALL_DECODE_MAX_BATCH)
+    backend.plan(build_meta([(0, 5)], PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(42), True))
+    assert not backend.fuses_qk_norm_rope()
+    with pytest.raises(RuntimeError, match="does not fuse the q/k norm and RoPE"):
+        backend.forward_fused(torch.empty(0), None, torch.empty(0), 0, HEAD_DIM**-0.5)

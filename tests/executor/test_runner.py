@@ -18,8 +18,10 @@ from xrt.executor.factory import build_runner
 from xrt.executor.prepare import build_metadata
 from xrt.executor.runner import ModelRunner
 from xrt.executor.step import SeqChunk, StepInput
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 from xrt.models.loader import CheckpointError
 from xrt.models.tiny import tiny_model_args
+from xrt.ops import reference
 
 
 def test_build_metadata_ragged_batch() -> None:
@@ -192,3 +194,53 @@ def test_layers_hand_the_backend_this_steps_k_and_v() -> None:
         torch.testing.assert_close(ragged.execute(step), ref.execute(step), rtol=1e-5, atol=1e-5)
     assert ragged.backend.ragged_calls == 3  # the first step, once per layer
     assert torch.equal(ragged.kv_cache.tensor, ref.kv_cache.tensor)
+
+
+class FusingRefBackend(TorchRefBackend):
+    """Fuses the layers' q/k norm, RoPE and KV write into decode attention, as FlashInfer's small-batch decode does
+    with executor.fuse_qk_norm_rope, with the reference ops inside: the layer must hand forward_fused what it would
+    have handed xrt::qk_norm_rope_store_kv, and run neither that op nor forward itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decode = False
+        self.fused_calls = 0
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        super().plan(meta)
+        self.decode = not meta.is_prefill
+
+    def fuses_qk_norm_rope(self) -> bool:
+        return self.decode
+
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
+                k: torch.Tensor | None = None, v: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
+        assert not self.decode, "a fused step's layer called forward"
+        return super().forward(q, kv_cache, layer_idx, scale, k, v)
+
+    def forward_fused(self, qkv: torch.Tensor, rope: QKNormRope, kv_cache: torch.Tensor, layer_idx: int,
+                      scale: float, pdl: bool | None = None) -> torch.Tensor:
+        self.fused_calls += 1
+        kv, d = kv_cache.shape[3], kv_cache.shape[4]
+        h = qkv.shape[1] // d - 2 * kv
+        qkv = qkv.clone()  # the fused kernel leaves qkv as it is
+        reference.qk_norm_rope_store_kv(qkv, rope.q_weight, rope.k_weight, rope.cos_sin_cache, rope.positions, kv_cache,
+                                        rope.slot_mapping, h, kv, d, rope.eps)
+        return super().forward(qkv[:, : h * d].view(-1, h, d), kv_cache, layer_idx, scale)
+
+
+def test_layers_hand_a_fusing_backend_the_raw_qkv() -> None:
+    """Where the backend fuses the q/k norm, RoPE and KV write (decode steps here), each layer hands it the raw qkv
+    with its norm weights, the rotary cache, positions, slots and eps, once, and runs the ops itself elsewhere: the
+    logits and the cache equal the reference runner's."""
+    ref, fused = ModelRunner(dummy_config(num_pages=16)), ModelRunner(dummy_config(num_pages=16))
+    fused.backend = FusingRefBackend()
+    steps = [
+        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),
+        StepInput(False, [SeqChunk([4], 6, [9, 3]), SeqChunk([8], 3, [5])]),
+        StepInput(False, [SeqChunk([2], 7, [9, 3]), SeqChunk([6], 4, [5, 11])]),
+    ]
+    for step in steps:
+        torch.testing.assert_close(fused.execute(step), ref.execute(step), rtol=0, atol=0)
+    assert fused.backend.fused_calls == 2 * fused.cfg.model.num_hidden_layers
+    assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)

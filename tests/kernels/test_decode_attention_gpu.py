@@ -145,6 +145,58 @@ def check_split_policy() -> None:
     assert {fixed.splits_for(b) for b in (1, 3, 16)} == {6}
 
 
+def newest_slots(case: Case, page_size: int) -> torch.Tensor:
+    """Each sequence's last token's cache slot (its last page, last offset); -1 for a padding row."""
+    c = case.to(torch.device("cpu"))
+    return torch.tensor([int(c.kv_indices[int(c.kv_indptr[i + 1]) - 1]) * page_size + int(c.kv_last_page_len[i]) - 1
+                         if n else -1 for i, n in enumerate(c.lens)], dtype=torch.int64)
+
+
+def check_rope(device: torch.device, dtype: torch.dtype, lens: list[int], heads: int, kv_heads: int, head_dim: int,
+               page_size: int, seed: int = 0, **kwargs: Any) -> None:
+    """The fused variant (run(..., rope=)) from a raw qkv against the two ops it replaces, in the reference:
+    xrt::qk_norm_rope_store_kv (q and k normalised and rotated, the newest k and v written to the cache), then
+    paged attention over the cache. The output within the dtype's tolerance, the cache equal to the reference's
+    at the written slots within one rounding and bit for bit everywhere else, qkv untouched."""
+    from xrt.layers.rotary import build_cos_sin_cache
+
+    m = module()
+    case = make_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed)
+    batch, width, eps = len(lens), (heads + 2 * kv_heads) * head_dim, 1e-6
+    gen = torch.Generator().manual_seed(seed + 1)
+    qkv = (3 * torch.randn(batch, width, generator=gen)).to(dtype)
+    q_w = (1 + 0.2 * torch.randn(head_dim, generator=gen)).to(dtype)
+    k_w = (1 + 0.2 * torch.randn(head_dim, generator=gen)).to(dtype)
+    cos_sin = build_cos_sin_cache(head_dim, max(lens) + 1, 10000.0, "cpu")
+    positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64)
+    slots = newest_slots(case, page_size)
+    ref_qkv, ref_cache = qkv.clone(), case.kv_cache.clone()
+    reference.qk_norm_rope_store_kv(ref_qkv, q_w, k_w, cos_sin, positions, ref_cache, slots, heads, kv_heads,
+                                    head_dim, eps)
+    ref = Case(ref_qkv[:, : heads * head_dim].reshape(batch, heads, head_dim), ref_cache, case.kv_indptr,
+               case.kv_indices, case.kv_last_page_len, case.lens)
+
+    dev = case.to(device)
+    attn = build(device, heads, kv_heads, head_dim, page_size, batch, max(lens), **kwargs)
+    qkv_dev = qkv.to(device)
+    rope = m.QKNormRope(q_w.to(device), k_w.to(device), cos_sin.to(device), positions.to(device), slots.to(device), eps)
+    out = torch.full((batch, heads, head_dim), float("nan"), dtype=dtype, device=device)
+    attn.run(qkv_dev.view(batch, heads + 2 * kv_heads, head_dim), dev.kv_cache, dev.kv_indptr, dev.kv_indices,
+             dev.kv_last_page_len, head_dim ** -0.5, out=out, rope=rope)
+    assert_matches(out, ref, f"rope heads {heads}/{kv_heads} d{head_dim} page {page_size} {kwargs}")
+    assert torch.equal(qkv_dev.cpu(), qkv), "the fused kernel wrote qkv"
+    cache = dev.kv_cache.cpu()
+    written = torch.zeros(cache.shape[0] * page_size, dtype=torch.bool)
+    written[slots[slots >= 0]] = True
+    written = written.view(cache.shape[0], page_size)
+    assert torch.equal(cache.transpose(1, 2)[~written], case.kv_cache.transpose(1, 2)[~written]), \
+        "the fused kernel wrote a slot other than the newest tokens'"
+    got, want = cache.transpose(1, 2)[written].float(), ref_cache.transpose(1, 2)[written].float()
+    ulp = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+    torch.testing.assert_close(got, want, rtol=ulp, atol=ulp, msg=lambda msg: f"newest k/v in the cache: {msg}")
+    assert int(attn.counters.abs().sum()) == 0, "arrival counters were not reset"
+
+
 def check_errors(device: torch.device) -> None:
     m = module()
     with pytest.raises(ValueError, match="num_heads: expected a positive multiple of num_kv_heads"):
@@ -172,6 +224,17 @@ def check_errors(device: torch.device) -> None:
         attn.run(*args, out=case.q[:1].clone())
     empty = attn.run(case.q[:0], *args[1:])
     assert empty.shape == (0, 4, 32)
+    qkv = torch.zeros(2, 8, 32, device=device)
+    w, positions = torch.ones(32, device=device), torch.zeros(2, dtype=torch.int64, device=device)
+    rope = m.QKNormRope(w, w, torch.zeros(4, 32, device=device), positions, positions, 1e-6)
+    with pytest.raises(ValueError, match=r"q: expected the packed qkv \[B, 8, 32\]"):
+        attn.run(case.q, *args[1:], rope=rope)
+    with pytest.raises(ValueError, match=r"rope.k_weight: expected a contiguous \[32\]"):
+        attn.run(qkv, *args[1:], rope=m.QKNormRope(w, w[:16], rope.cos_sin_cache, positions, positions, 1e-6))
+    with pytest.raises(ValueError, match=r"rope.cos_sin_cache: expected \[max_pos, 32\]"):
+        attn.run(qkv, *args[1:], rope=m.QKNormRope(w, w, w, positions, positions, 1e-6))
+    with pytest.raises(ValueError, match="rope.slot_mapping: expected a contiguous vector of at least 2"):
+        attn.run(qkv, *args[1:], rope=m.QKNormRope(w, w, rope.cos_sin_cache, positions, positions[:1], 1e-6))
 
 
 # ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
@@ -205,6 +268,24 @@ def test_qwen3_06b_shape(device: torch.device, batch: int, split_tokens: int | N
     gen = torch.Generator().manual_seed(batch)
     lens = [1024] + torch.randint(900, 1300, (batch - 1,), generator=gen).tolist()
     check_decode(device, torch.bfloat16, lens, *QWEN3_06B, 16, seed=batch, split_tokens=split_tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("lens", "heads", "kv_heads", "head_dim", "page_size", "kwargs"), CASES,
+                         ids=[f"{c[0][:3]}-h{c[1]}/{c[2]}-d{c[3]}-p{c[4]}" for c in CASES])
+def test_rope_variant_matches_the_ops_it_replaces(device: torch.device, dtype: torch.dtype, lens: list[int],
+                                                  heads: int, kv_heads: int, head_dim: int, page_size: int,
+                                                  kwargs: dict) -> None:
+    check_rope(device, dtype, lens, heads, kv_heads, head_dim, page_size, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [QWEN3_06B, (32, 8, 128)], ids=["0.6b", "8b"])
+@pytest.mark.parametrize("lens", [[1], [1024], [1100, 37], [64, 4096]], ids=str)
+def test_rope_variant_as_the_backend_builds_it(device: torch.device, shape: tuple[int, int, int],
+                                               lens: list[int]) -> None:
+    """The Qwen3 shapes with FlashInfer backend's small-decode settings (64-token chunks, splits fixed for a
+    4096-token context): the newest token in the last of many chunks, or alone in the first."""
+    check_rope(device, torch.bfloat16, lens, *shape, 16, seed=len(lens), split_tokens=64, max_splits=64)
 
 
 def test_reuse_with_new_metadata(device: torch.device) -> None:

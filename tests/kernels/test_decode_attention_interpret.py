@@ -47,6 +47,22 @@ def test_decode_matches_reference(dtype: torch.dtype, name: str, lens: list[int]
     checks.check_decode(CPU, dtype, lens, heads, kv_heads, head_dim, page_size, **kwargs)
 
 
+# The fused variant (q/k norm, RoPE and the newest token's KV write in the kernel): one chunk, many chunks with the
+# newest token in the last, page boundaries and padding rows, GQA 4, page 1.
+ROPE_CASES = ["batch 1, one chunk", "batch 1, many chunks", "page boundaries", "batch 7 with padding", "gqa 4",
+              "page 1", "capped splits, longer chunks"]
+
+
+@in_process
+@pytest.mark.parametrize(("dtype", "name", "lens", "heads", "kv_heads", "head_dim", "page_size", "kwargs"), [
+    pytest.param(dtype, *c, id=f"{c[0]}-{dtype}") for dtype in (torch.float32, torch.bfloat16) for c in CASES
+    if c[0] in ROPE_CASES and (dtype == torch.float32 or c[0] in BF16)
+])
+def test_rope_variant_matches_the_ops_it_replaces(dtype: torch.dtype, name: str, lens: list[int], heads: int,
+                                                  kv_heads: int, head_dim: int, page_size: int, kwargs: dict) -> None:
+    checks.check_rope(CPU, dtype, lens, heads, kv_heads, head_dim, page_size, **kwargs)
+
+
 @in_process
 def test_reuse_with_new_metadata() -> None:
     checks.check_reuse(CPU, torch.float32)

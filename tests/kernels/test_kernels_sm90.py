@@ -1,6 +1,7 @@
 """xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as
 their wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms (in place and out of place), silu_and_mul,
-q/k norm + RoPE with and without the KV write, store_kv, the split-KV decode attention, the tiers' row copy. Each
+q/k norm + RoPE with and without the KV write, store_kv, the split-KV decode attention (plain, and with the q/k norm,
+RoPE and KV write inside), the tiers' row copy. Each
 must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA machines, where the GPU tests
 launch the kernels themselves."""
 
@@ -15,7 +16,7 @@ from sm90_support import Compiler, launches, ptxas_report, spill_bytes
 COMPILER = Compiler("kernels/test_kernels_gpu.py")
 
 from xrt.kernels.copy_rows import copy_rows  # noqa: E402
-from xrt.kernels.decode_attention import DecodeAttention  # noqa: E402
+from xrt.kernels.decode_attention import DecodeAttention, QKNormRope  # noqa: E402
 from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
 from xrt.kernels.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from xrt.kernels.silu_and_mul import silu_and_mul  # noqa: E402
@@ -52,6 +53,9 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "store_kv": lambda: store_kv(k, v, cache, slots),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,
                                                   last, d**-0.5),
+        "decode_attention rope": lambda: attention.run(
+            qkv[:1].view(1, heads + 2 * kv_heads, d), cache, indptr, indices, last, d**-0.5,
+            rope=QKNormRope(head_w, head_w, cos_sin, positions, slots, 1e-6)),
         "copy_rows": lambda: copy_rows(torch.empty(4, 4096, dtype=BF16), torch.empty(4, 4096, dtype=BF16), 4),
     }
 

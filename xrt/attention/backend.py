@@ -13,6 +13,7 @@ from torch import Tensor
 
 from xrt.attention.graph_buffers import GraphDecodeBuffers
 from xrt.attention.metadata import AttentionMetadata
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,18 @@ class AttentionBackend(Protocol):
         sequence has KV from an earlier step, and is free to ignore them. pdl: whether xrt's own Triton
         attention kernel may take part in programmatic dependent launch, as the layer decides
         (`xrt.layers.options.uses_pdl`; None: the kernel's default); ignored by backends without one."""
+
+    def fuses_qk_norm_rope(self) -> bool:
+        """Whether the attention planned for this step (or the decode graph prepared) does the layer's q/k norm,
+        RoPE and KV write itself: the layer then hands `forward_fused` its raw qkv instead of running
+        xrt::qk_norm_rope_store_kv and `forward`. Fixed from plan / prepare until the next, so a captured graph
+        and its replays take the same path."""
+
+    def forward_fused(self, qkv: Tensor, rope: QKNormRope, kv_cache: Tensor, layer_idx: int, scale: float,
+                      pdl: bool | None = None) -> Tensor:
+        """Where `fuses_qk_norm_rope()`: qkv [num_tokens, (H + 2 KV) * D] as the projection left it (not written);
+        q and k normalised and rotated, this step's k and v written to kv_cache at rope.slot_mapping, then attention
+        as `forward`. Returns [num_tokens, num_heads, head_dim]."""
 
     # -- CUDA graphs. Capture and replay are prepared alike: the graph manager stages a capture's
     # dummy step like any other (every row well-formed), and the backend prepares it as it prepares a

@@ -15,6 +15,7 @@ import torch
 from xrt.attention.backend import AttentionShape
 from xrt.attention.graph_buffers import GraphDecodeBuffers
 from xrt.attention.metadata import AttentionMetadata
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 
 KV_LAYOUT = "NHD"
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -77,7 +78,10 @@ class FlashInferBackend:
         kv_dtype: torch.dtype | None = None,
         ragged_prefill: bool = False,
         max_pages_per_seq: int = 0,
+        fuse_qk_norm_rope: bool = False,
     ) -> None:
+        """fuse_qk_norm_rope: the small-batch Triton decode does the layers' q/k norm, RoPE and KV write itself
+        (executor.fuse_qk_norm_rope; `fuses_qk_norm_rope`)."""
         dtype, head_dim = shape.dtype, shape.head_dim
         reason = unsupported_reason(dtype, head_dim) or unsupported_reason(kv_dtype or dtype, head_dim)
         if reason:
@@ -123,6 +127,7 @@ class FlashInferBackend:
         self._ragged_plan_qo: torch.Tensor | None = None
         self.plans = 0  # plan() calls that reached FlashInfer (tests count them)
         self.small_decode = self._make_small_decode(max_pages_per_seq)
+        self.fuse_qk_norm_rope = fuse_qk_norm_rope
         self._small_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _make_small_decode(self, max_pages_per_seq: int) -> Any:
@@ -287,15 +292,32 @@ class FlashInferBackend:
 
     # -- forward ----------------------------------------------------------------------------------
 
+    def fuses_qk_norm_rope(self) -> bool:
+        return self.fuse_qk_norm_rope and self._active_kind == "small_decode"
+
+    def forward_fused(self, qkv: torch.Tensor, rope: QKNormRope, kv_cache: torch.Tensor, layer_idx: int, scale: float,
+                      pdl: bool | None = None) -> torch.Tensor:
+        if not self.fuses_qk_norm_rope():
+            raise RuntimeError(f"FlashInferBackend.forward_fused: this step's attention ({self._active_kind or 'none'}"
+                               f") does not fuse the q/k norm and RoPE (fuse_qk_norm_rope={self.fuse_qk_norm_rope})")
+        self._check_scale(scale)
+        assert self._small_meta is not None
+        h, kv, d = self._heads
+        return self.small_decode.run(qkv.view(qkv.shape[0], h + 2 * kv, d), kv_cache, *self._small_meta, scale,
+                                     pdl=pdl, rope=rope)
+
+    def _check_scale(self, scale: float) -> None:
+        if scale != self.scale and not math.isclose(scale, self.scale, rel_tol=1e-6):
+            # The softmax scale is fixed at plan time (it is baked into CUDA graphs too).
+            raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
+
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, layer_idx: int, scale: float,
                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
         """pdl: the small-batch Triton decode's (FlashInfer's own kernels use PDL on Hopper+ whatever it says)."""
         kind = self._active_kind
         if not kind:
             raise RuntimeError("FlashInferBackend.forward called before plan()")
-        if scale != self.scale and not math.isclose(scale, self.scale, rel_tol=1e-6):
-            # The softmax scale is fixed at plan time (it is baked into CUDA graphs too).
-            raise ValueError(f"FlashInfer backend planned with scale {self.scale}, layer asked for {scale}")
+        self._check_scale(scale)
         if kind == "small_decode":
             assert self._small_meta is not None
             return self._active.run(q, kv_cache, *self._small_meta, scale, pdl=pdl)

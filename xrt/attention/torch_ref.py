@@ -13,6 +13,7 @@ from torch import Tensor
 import xrt.ops  # noqa: F401  (declares torch.ops.xrt.paged_attention)
 from xrt.attention.graph_buffers import GraphDecodeBuffers
 from xrt.attention.metadata import AttentionMetadata
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 
 
 class TorchRefBackend:
@@ -48,6 +49,14 @@ class TorchRefBackend:
         if self._csr is None:
             raise RuntimeError("TorchRefBackend.forward called before plan()")
         return torch.ops.xrt.paged_attention(q, kv_cache, *self._csr, scale)
+
+    def fuses_qk_norm_rope(self) -> bool:
+        return False
+
+    def forward_fused(self, qkv: Tensor, rope: QKNormRope, kv_cache: Tensor, layer_idx: int, scale: float,
+                      pdl: bool | None = None) -> Tensor:
+        raise RuntimeError("TorchRefBackend.forward_fused: the reference backend never fuses the q/k norm and RoPE "
+                           "(fuses_qk_norm_rope() is False)")
 
     # -- graph hooks ------------------------------------------------------------------------------
 

@@ -215,6 +215,12 @@ class ExecutorArgs:
         "RMSNorm as the prologue of the qkv and gate_up GEMVs where the skinny-GEMM kernel runs them on its FMA path "
         "(xrt::add_rms_norm_linear): two launches a layer fewer; off until measured on a GPU (bench/NOTES.md)",
     )
+    fuse_qk_norm_rope: bool = field(
+        False,
+        help="decode batches that xrt's Triton decode attention serves (CUDA, at most 2 rows) normalise and rotate q "
+        "and k and write this step's K/V inside that kernel instead of in xrt::qk_norm_rope_store_kv: one launch a "
+        "layer fewer; off until measured on a GPU (bench/NOTES.md)",
+    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),

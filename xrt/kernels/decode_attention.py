@@ -30,6 +30,7 @@ import triton.language as tl
 
 from xrt.kernels.launch import pdl as launch_pdl
 from xrt.kernels.launch import pdl_enter, pdl_launch
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 
 # Programs wanted per launch when the split count is not fixed: two per SM on a 132-SM H200.
 TARGET_PROGRAMS = 264
@@ -38,16 +39,33 @@ DEFAULT_SPLIT_TOKENS = 64
 _MERGE_ROWS = 64
 
 
-@triton.jit(do_not_specialize=["max_splits", "split_tokens", "ws_splits"])
+@triton.jit
+def _norm_rope(ptrs, mask, w_ptr, cs_row, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Heads [R, D] (ptrs: each head's first element, [R, 1]) -> per-head RMSNorm * w, NeoX-rotated by
+    cs_row (cos then sin, HALF each): the two halves in fp32, as xrt.kernels.qk_norm_rope computes them."""
+    d = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(ptrs + d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptrs + HALF + d, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
+    n1 = x1 * rstd * tl.load(w_ptr + d).to(tl.float32)
+    n2 = x2 * rstd * tl.load(w_ptr + HALF + d).to(tl.float32)
+    cos = tl.load(cs_row + d).to(tl.float32)
+    sin = tl.load(cs_row + HALF + d).to(tl.float32)
+    return n1 * cos - n2 * sin, n2 * cos + n1 * sin
+
+
+@triton.jit(do_not_specialize=["max_splits", "split_tokens", "ws_splits", "stride_cs"])
 def _decode_kernel(
     q_ptr, kv_ptr, out_ptr, ws_out_ptr, ws_lse_ptr, cnt_ptr,
     kv_indptr_ptr, kv_indices_ptr, last_len_ptr,
     scale_log2, max_splits, split_tokens, ws_splits,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_page, stride_kv, stride_tok, stride_head,
+    # ROPE's (after the others: the plain kernel's parameters keep their places)
+    q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr, slot_ptr, stride_cs, eps,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_H: tl.constexpr, MERGE_S: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
     pdl_enter(PDL)  # q and this step's K/V come from the kernel before
     split = tl.program_id(0)
@@ -72,8 +90,36 @@ def _decode_kernel(
     if split < n_splits:
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
-        q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + rd[None, :],
-                    mask=h_mask[:, None], other=0.0)
+        row = q_ptr + b.to(tl.int64) * stride_qb
+        if ROPE:
+            # q_ptr is the raw qkv row: this program normalises and rotates its own q heads (in registers;
+            # nothing else reads them), rounded to q's dtype as xrt::qk_norm_rope_store_kv would store them.
+            cs_row = cos_sin_ptr + tl.load(pos_ptr + b).to(tl.int64) * stride_cs
+            q1, q2 = _norm_rope(row + head[:, None] * stride_qh, h_mask[:, None], q_w_ptr, cs_row, eps,
+                                HEAD_DIM // 2, HEAD_DIM)
+            dtype = q_ptr.dtype.element_ty
+            q = tl.reshape(tl.permute(tl.join(q1.to(dtype), q2.to(dtype)), (0, 2, 1)), (BLOCK_H, HEAD_DIM))
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            # The program whose chunk holds the newest token writes that token's k (normalised, rotated) and v
+            # into the cache (padding rows have slot -1), then reads them back in its key loop like any other
+            # token: the barrier makes the block's writes visible to all its threads first. No other program
+            # reads this token (chunks are disjoint), so no program waits on another.
+            if (split == (seq_len - 1) // chunk) & (slot >= 0):
+                k_head = NUM_KV_HEADS * GROUP + kvh
+                one = tl.arange(0, 1)
+                k1, k2 = _norm_rope(row + (k_head + one[:, None]) * stride_qh, one[:, None] >= 0, k_w_ptr, cs_row,
+                                    eps, HEAD_DIM // 2, HEAD_DIM)
+                cache_ty = kv_ptr.dtype.element_ty
+                dst = (kv_ptr + (slot // PAGE_SIZE) * stride_page + (slot % PAGE_SIZE) * stride_tok
+                       + kvh * stride_head)
+                rh2 = tl.arange(0, HEAD_DIM // 2)[None, :]
+                tl.store(dst + rh2, k1.to(cache_ty))
+                tl.store(dst + HEAD_DIM // 2 + rh2, k2.to(cache_ty))
+                v = tl.load(row + (k_head + NUM_KV_HEADS) * stride_qh + rd)
+                tl.store(dst + stride_kv + rd, v.to(cache_ty))
+            tl.debug_barrier()
+        else:
+            q = tl.load(row + head[:, None] * stride_qh + rd[None, :], mask=h_mask[:, None], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
         k_base = kv_ptr + kvh * stride_head + rd[None, :]
@@ -234,10 +280,14 @@ class DecodeAttention:
         return max(1, min(limit, triton.cdiv(TARGET_PROGRAMS, max(batch, 1) * self.num_kv_heads)))
 
     def _check(self, q: torch.Tensor, kv_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-               kv_last_page_len: torch.Tensor, out: torch.Tensor | None) -> None:
+               kv_last_page_len: torch.Tensor, out: torch.Tensor | None, rope: QKNormRope | None) -> None:
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if q.dim() != 3 or q.shape[1] != h or q.shape[2] != d or q.stride(2) != 1:
-            raise ValueError(f"DecodeAttention q: expected [B, {h}, {d}] with unit last stride, got shape "
+        rows = h + 2 * kv if rope is not None else h
+        what = "the packed qkv " if rope is not None else ""
+        # Heads contiguous with the rope: the kernel finds the k and v heads of a row past its q heads.
+        if (q.dim() != 3 or q.shape[1] != rows or q.shape[2] != d or q.stride(2) != 1
+                or (rope is not None and q.stride(1) != d)):
+            raise ValueError(f"DecodeAttention q: expected {what}[B, {rows}, {d}] with unit last stride, got shape "
                              f"{tuple(q.shape)} strides {q.stride()}")
         batch = q.shape[0]
         if batch > self.max_batch:
@@ -255,11 +305,25 @@ class DecodeAttention:
                     t.numel() > 1 and t.stride(0) != 1):
                 raise ValueError(f"DecodeAttention {name}: expected a contiguous int32 vector of at least {n} "
                                  f"on {q.device}, got {t.dtype} shape {tuple(t.shape)} on {t.device}")
-        if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype
+        shape = (batch, h, d)
+        if out is not None and (tuple(out.shape) != shape or out.dtype != q.dtype
                                 or out.device != q.device or out.stride(2) != 1):
-            raise ValueError(f"DecodeAttention out: expected shape {tuple(q.shape)} {q.dtype} on {q.device} with "
+            raise ValueError(f"DecodeAttention out: expected shape {shape} {q.dtype} on {q.device} with "
                              f"unit last stride, got {tuple(out.shape)} {out.dtype} on {out.device} "
                              f"strides {out.stride()}")
+        if rope is not None:
+            for name, t in (("q_weight", rope.q_weight), ("k_weight", rope.k_weight)):
+                if tuple(t.shape) != (d,) or t.stride(0) != 1 or t.device != q.device:
+                    raise ValueError(f"DecodeAttention rope.{name}: expected a contiguous [{d}] on {q.device}, "
+                                     f"got {tuple(t.shape)} on {t.device}")
+            cs = rope.cos_sin_cache
+            if cs.dim() != 2 or cs.shape[1] != d or cs.stride(1) != 1 or cs.device != q.device:
+                raise ValueError(f"DecodeAttention rope.cos_sin_cache: expected [max_pos, {d}] with unit last "
+                                 f"stride on {q.device}, got {tuple(cs.shape)} on {cs.device}")
+            for name, t in (("positions", rope.positions), ("slot_mapping", rope.slot_mapping)):
+                if t.dim() != 1 or t.numel() < batch or t.device != q.device or (t.numel() > 1 and t.stride(0) != 1):
+                    raise ValueError(f"DecodeAttention rope.{name}: expected a contiguous vector of at least "
+                                     f"{batch} on {q.device}, got shape {tuple(t.shape)} on {t.device}")
 
     def run(
         self,
@@ -271,30 +335,42 @@ class DecodeAttention:
         scale: float,
         out: torch.Tensor | None = None,
         pdl: bool | None = None,
+        rope: QKNormRope | None = None,
     ) -> torch.Tensor:
         """Attention of q [B, H, D] (one token per sequence, B <= max_batch) over each sequence's pages:
         sequence i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]] and is (pages - 1) * page_size +
         kv_last_page_len[i] tokens long (0 without pages). Only the first B + 1 / B entries of kv_indptr /
-        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given). pdl: `launch.pdl`'s wanted."""
-        self._check(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, out)
-        if out is None:
-            out = torch.empty_like(q)
+        kv_last_page_len are read. Returns [B, H, D] in q's dtype (`out` when given). pdl: `launch.pdl`'s wanted.
+
+        rope: q is this step's raw packed qkv viewed [B, H + 2 KV, D] instead, and the kernel first does
+        xrt::qk_norm_rope_store_kv's work: q heads normalised and rotated in registers (qkv is not written), each
+        sequence's newest token's k (normalised, rotated) and v written to the cache at rope.slot_mapping."""
+        self._check(q, kv_cache, kv_indptr, kv_indices, kv_last_page_len, out, rope)
         batch = q.shape[0]
+        if out is None:
+            out = q.new_empty(batch, self.num_heads, self.head_dim)
         if batch == 0:
             return out
         splits = self.splits_for(batch)
         # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
         dot_fp32 = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
         on = launch_pdl(q, batch, pdl)
+        if rope is not None:
+            rope_args = (rope.q_weight, rope.k_weight, rope.cos_sin_cache, rope.positions, rope.slot_mapping,
+                         rope.cos_sin_cache.stride(0), float(rope.eps))
+        else:  # dead arguments: ROPE is a constexpr
+            rope_args = (q, q, q, kv_indptr, kv_indptr, 0, 0.0)
         _decode_kernel[(splits, self.num_kv_heads, batch)](
             q, kv_cache, out, self.partial_out, self.partial_lse, self.counters,
             kv_indptr, kv_indices, kv_last_page_len,
             float(scale) * math.log2(math.e), splits, self.split_tokens, self.ws_splits,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+            *rope_args,
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim, PAGE_SIZE=self.page_size,
             BLOCK_H=self._block_h, BLOCK_N=self.block_n, MERGE_H=self._merge_h, MERGE_S=self._merge_s,
             PRECISION="ieee" if q.dtype == torch.float32 or dot_fp32 else "tf32", DOT_FP32=dot_fp32, PDL=on,
+            ROPE=rope is not None,
             num_warps=self.num_warps, num_stages=self.num_stages, **pdl_launch(on),
         )
         return out

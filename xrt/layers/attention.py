@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from xrt.attention.context import get_forward_context
+from xrt.kernels.qk_norm_rope_args import QKNormRope
 from xrt.layers.linear import QKVParallelLinear, RowParallelLinear
 from xrt.layers.norm import RMSNorm
 from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions
@@ -74,6 +75,12 @@ class QKNormSelfAttention(nn.Module):
         # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the copy
         # fills was handed to another sequence since (preemption)
         ctx.wait_kv(attn.layer_idx)
+        if ctx.backend.fuses_qk_norm_rope():
+            # The attention kernel normalises, rotates and writes this step's K/V itself (executor.fuse_qk_norm_rope).
+            rope = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
+                              ctx.meta.slot_mapping, self.eps)
+            out = ctx.backend.forward_fused(qkv, rope, attn.kv_cache, attn.layer_idx, attn.scale, pdl=pdl)
+            return self.o_proj(out.reshape(t, h * d))
         torch.ops.xrt.qk_norm_rope_store_kv(
             qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
             ctx.meta.slot_mapping, h, kv, d, self.eps, pdl,
