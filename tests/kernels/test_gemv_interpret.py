@@ -154,6 +154,13 @@ def test_measured_configs_are_valid_and_used() -> None:
         assert g.pick_config(M, N, K) == cfg
     assert g.prefer_gemv(1, 4096, 1024) and not g.prefer_gemv(8, 4096, 1024) and g.prefer_gemv(8, 1024, 3072)
     assert not g.prefer_gemv(9, 1024, 3072)
+    # 0.6B's qkv and gate_up: the kernel at M <= 4 (measured at 2 and 4; 3 takes 4's), cuBLAS at 5..8.
+    for N, K in (checks.QWEN3_06B["qkv"], checks.QWEN3_06B["gate_up"]):
+        assert [g.prefer_gemv(M, N, K) for M in range(1, 10)] == [True] * 4 + [False] * 5
+        assert g.pick_config(3, N, K) == g._MEASURED[(N, K, 4)]
+    # A shape measured at 8 only takes that winner at every M = 2..8.
+    for M in range(2, 9):
+        assert g.pick_config(M, 6144, 4096) == g._MEASURED[(6144, 4096, 8)]
     # 8B's linears at M = 2..8: the measured M = 8 winners, each faster than cuBLAS there.
     for N, K in checks.QWEN3_8B.values():
         assert all(g.prefer_gemv(M, N, K) for M in range(1, 9)) and not g.prefer_gemv(9, N, K)

@@ -57,9 +57,10 @@ def _split_k(K: int, block_k: int, tiles: int) -> int:
     return max(d for d in range(1, want + 1) if steps % d == 0)
 
 
-# Winners of the gemv kernel bench on the H200, keyed (N, K, M): the Qwen3-0.6B decode shapes at M = 1 and 8
-# (then scripts/bench_gemv.py, bench/results/h200-microbench/gemv.md), the Qwen3-8B ones
-# (bench/results/h200-issue26-s1/call4/gemv-8b).
+# Winners of the gemv kernel bench, keyed (N, K, M bucket: 1, 2, 4 for 3-4, 8 for 5-8; `_bucket`): on the H200 the
+# Qwen3-0.6B decode shapes at M = 1 and 8 (then scripts/bench_gemv.py, bench/results/h200-microbench/gemv.md) and the
+# Qwen3-8B ones (bench/results/h200-issue26-s1/call4/gemv-8b); on an H100 the 0.6B shapes at M = 2 and 4
+# (bench/results/h100-issue26-s3). A shape measured at 8 but not at its own bucket takes the M = 8 winner.
 _MEASURED = {
     (4096, 1024, 1): GemvConfig(1, 2, 512, 2),
     (1024, 2048, 1): GemvConfig(1, 2, 1024, 4),
@@ -69,6 +70,13 @@ _MEASURED = {
     (1024, 2048, 8): GemvConfig(4, 4, 512, 2),
     (1024, 3072, 8): GemvConfig(4, 4, 512, 2),
     (151936, 1024, 8): GemvConfig(16, 32, 256, 4, use_dot=True, num_stages=3),
+    (4096, 1024, 2): GemvConfig(2, 2, 1024, 4),
+    (1024, 2048, 2): GemvConfig(2, 1, 2048, 8),
+    (6144, 1024, 2): GemvConfig(2, 2, 512, 2),
+    (1024, 3072, 2): GemvConfig(2, 1, 1024, 4),
+    (151936, 1024, 2): GemvConfig(2, 2, 512, 2),
+    (4096, 1024, 4): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
+    (6144, 1024, 4): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
     (6144, 4096, 1): GemvConfig(1, 1, 2048, 8),
     (4096, 4096, 1): GemvConfig(1, 1, 2048, 8),
     (24576, 4096, 1): GemvConfig(1, 1, 2048, 8),
@@ -81,19 +89,27 @@ _MEASURED = {
 }
 
 
+def _bucket(M: int) -> int:
+    """The measured batch an M takes its config from: 1, 2, 4 (3-4), 8 (5-8); 0 past the kernel's batches."""
+    return 1 if M == 1 else 2 if M == 2 else 4 if M <= 4 else 8 if M <= 8 else 0
+
+
 def prefer_gemv(M: int, N: int, K: int) -> bool:
-    """Whether this kernel beat cuBLAS for the shape on the H200: every measured shape at M = 1; at M = 8 the
-    shapes measured with a winning config (every 8B linear), and otherwise narrow outputs (0.6B's o_proj, down) and
-    lm_head, while cuBLAS won 0.6B's qkv and gate_up (figures: bench/NOTES.md)."""
+    """Whether this kernel beat cuBLAS for the shape: every measured shape at M = 1; at M = 2..8 the shapes
+    measured with a winning config at M's bucket or at 8 (every 8B linear; 0.6B's qkv and gate_up at M <= 4), and
+    otherwise narrow outputs (0.6B's o_proj, down) and lm_head, while cuBLAS won 0.6B's qkv and gate_up at M = 8
+    (figures: bench/NOTES.md)."""
     if M == 1:
         return True
-    return M <= 8 and ((N, K, 8) in _MEASURED or N <= 2048 or N >= 65536)
+    return M <= 8 and ((N, K, _bucket(M)) in _MEASURED or (N, K, 8) in _MEASURED or N <= 2048 or N >= 65536)
 
 
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
-    """Fixed config for a shape (dtype-agnostic, tuned for 16-bit): the H200 measurement where there is one
-    (M rounded up to the measured 1 or 8), else a heuristic."""
-    return _MEASURED.get((N, K, 1 if M == 1 else 8 if M <= 8 else 0)) or heuristic_config(M, N, K)
+    """Fixed config for a shape (dtype-agnostic, tuned for 16-bit): the measurement at M's bucket where there is
+    one, else at 8 for M <= 8, else a heuristic."""
+    bucket = _bucket(M)
+    return (_MEASURED.get((N, K, bucket)) or (_MEASURED.get((N, K, 8)) if bucket else None)
+            or heuristic_config(M, N, K))
 
 
 @functools.lru_cache(maxsize=4096)
