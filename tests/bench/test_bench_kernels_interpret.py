@@ -51,22 +51,6 @@ def test_decode_attention_as_the_backend_builds_it(fake_timer: None, monkeypatch
     assert p.caches.shape[0] == 2 and xrt.us == 0.5 and xrt.nbytes == p.kv_bytes
 
 
-@INTERPRETER.in_process
-def test_gemv_norm_cases_pass_their_checks(fake_timer: None) -> None:
-    """`qkv+norm` / `gate_up+norm`: the norm kernel and the projection apart (the baseline), then the norm prologue
-    with every FMA candidate config, each checked against the same reference; the picked config is the default."""
-    from xrt.bench.kernels import gemv
-
-    for layer, n in (("qkv", 40), ("gate_up", 24)):
-        weights = [torch.randn(n, 64) * 0.125 for _ in range(2)]
-        ms = list(gemv.run_norm_shape(layer, 3, weights))
-        assert {m.case for m in ms} == {f"{layer}+norm"} and all(m.rows == 3 for m in ms)
-        assert ms[0].role == "baseline" and ms[0].impl == "fused_add_rms_norm + xrt::linear"
-        assert len(ms) >= 2 and all(m.impl.startswith("norm prologue fma") for m in ms[1:])
-        assert [m.role for m in ms].count("default") == 1
-        assert all(m.status == "ok" and m.us == 0.5 for m in ms), [(m.impl, m.note) for m in ms if m.note]
-
-
 @INTERPRETER.subprocess_only
 def test_in_subprocess() -> None:
     INTERPRETER.rerun(__file__)

@@ -144,39 +144,3 @@ def test_the_runner_builds_its_model_with_its_options() -> None:
     assert logging.getLogger("xrt.executor.runner").getEffectiveLevel() == logging.WARNING
     ModelRunner(load_config(["device=cpu", f"log_level={LogLevel.DEBUG.value}"]))
     assert logging.getLogger("xrt.executor.runner").isEnabledFor(logging.DEBUG)
-
-
-def test_the_decoder_layer_fuses_its_norms_where_asked(diverse_cfg, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """executor.fuse_norm: CUDA batches of at most skinny_rows rows run each residual add and RMSNorm as one
-    xrt::add_rms_norm_linear with the projection after it (qkv, then gate_up, gated with executor.fuse_activation),
-    in every layer but the first (no residual to add yet); larger batches, the CPU and the switch off keep the
-    norm apart. Greedy tokens are the unfused run's (here on the CPU, the layer's CUDA condition lifted)."""
-    from xrt.config import SamplingArgs
-    from xrt.engine.llm import LLM
-    from xrt.models.qwen3 import Qwen3DecoderLayer
-
-    prompts = [[5, 9, 200, 31, 7], list(range(40, 77)), [3]]
-    greedy = SamplingArgs(temperature=0.0, max_tokens=6, ignore_eos=True)
-    llms = {fuse: LLM(diverse_cfg(executor=ExecutorArgs(fuse_norm=fuse))) for fuse in (False, True)}
-    layers = {fuse: llm.engine.runner.model.model.layers for fuse, llm in llms.items()}
-    hidden = layers[True][1].input_layernorm.weight.shape[0]
-    for fuse, stack in layers.items():
-        rows = stack[1].skinny_rows
-        assert stack[1].fuses_norms(torch.zeros(rows, hidden).as_subclass(_LooksCuda)) == fuse
-        assert not stack[1].fuses_norms(torch.zeros(rows + 1, hidden).as_subclass(_LooksCuda))
-        assert not stack[1].fuses_norms(torch.zeros(1, hidden))  # the CPU
-
-    unfused = [o.token_ids for o in llms[False].generate(prompts, greedy)]
-    decide = Qwen3DecoderLayer.fuses_norms
-    monkeypatch.setattr(Qwen3DecoderLayer, "fuses_norms",
-                        lambda self, h: decide(self, h.as_subclass(_LooksCuda)))
-    for fuse, llm in llms.items():
-        log = XrtOpLog()
-        with log:
-            outs = [o.token_ids for o in llm.generate(prompts, greedy)]
-        assert outs == unfused
-        fused_calls = log.calls.count("add_rms_norm_linear")
-        num_layers = len(layers[fuse])
-        # Decode steps (3 rows, within skinny_rows) fuse two norms in every layer but the first; the prefill
-        # (more rows) none.
-        assert fused_calls == (5 * 2 * (num_layers - 1) if fuse else 0), fused_calls

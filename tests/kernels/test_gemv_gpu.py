@@ -166,51 +166,6 @@ def check_gated_edges(device: torch.device) -> None:
     assert g.gemv(torch.randn(0, 8, device=device), torch.randn(6, 8, device=device), gated=True).shape == (0, 3)
 
 
-def check_norm(device: torch.device, dtype: torch.dtype, M: int, N: int, K: int, config: object = None,
-               gated: bool = False, seed: int = 0) -> None:
-    """gemv with the norm prologue against what it replaces, the fused_add_rms_norm kernel on copies of the inputs:
-    residual_out is that kernel's residual bit for bit, the residual input is left as it was, and the product is
-    the fp32 product of that kernel's normalised x (silu_and_mul of it when gated) to the tolerance of the
-    rounding of x and of the product."""
-    g = gemv_module()
-    norm_kernel = importlib.import_module("xrt.kernels.rms_norm").fused_add_rms_norm
-    x, w = inputs(M, 2 * N if gated else N, K, dtype, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    residual = (torch.randn(M, K, generator=gen) * 4).to(dtype)
-    nw = (torch.rand(K, generator=gen) + 0.5).to(dtype)
-    eps = 1e-6
-    x_dev, res_dev, res_out = x.to(device), residual.to(device), torch.full_like(residual, 7.0, device=device)
-    out = g.gemv(x_dev, w.to(device), config=config, gated=gated,
-                 norm=g.NormPrologue(res_dev, nw.to(device), eps, res_out))
-    assert out.shape == (M, N) and out.dtype == dtype
-    summed, normed = res_dev.clone(), x_dev.clone()
-    norm_kernel(normed, summed, nw.to(device), eps)
-    assert torch.equal(res_out, summed), f"norm gemv {dtype} M={M} K={K} {config}: residual_out"
-    assert torch.equal(res_dev.cpu(), residual), "the residual input was written"
-    ref = gated_reference(normed, w) if gated else reference(normed, w)
-    err = rel_err(out, ref)
-    # The normalised x is rounded (as the norm kernel rounds it); a last-bit difference in 1 / RMS moves a few.
-    assert err < 2 * TOLERANCE[dtype], f"norm gemv {dtype} M={M} N={N} K={K} {config}: relative error {err:.3e}"
-
-
-def check_norm_edges(device: torch.device) -> None:
-    g = gemv_module()
-    x, w, nw = torch.randn(2, 8, device=device), torch.randn(6, 8, device=device), torch.ones(8, device=device)
-    res = torch.randn(2, 8, device=device)
-    with pytest.raises(ValueError, match=r"gemv norm residual_out: expected \[2, 8\]"):
-        g.gemv(x, w, norm=g.NormPrologue(res, nw, 1e-6, torch.empty(3, 8, device=device)))
-    with pytest.raises(ValueError, match=r"gemv norm weight: expected \[8\]"):
-        g.gemv(x, w, norm=g.NormPrologue(res, torch.ones(4, device=device), 1e-6, torch.empty_like(res)))
-    with pytest.raises(ValueError, match="gemv norm: expected 2-D x"):
-        g.gemv(x.view(1, 2, 8), w, norm=g.NormPrologue(res, nw, 1e-6, torch.empty_like(res)))
-    with pytest.raises(ValueError, match="the norm prologue runs on the FMA path only"):
-        g.gemv(x, w, config=g.GemvConfig(16, 16, 16, use_dot=True),
-               norm=g.NormPrologue(res, nw, 1e-6, torch.empty_like(res)))
-    # No rows: nothing to multiply, and no residual sum to write.
-    empty = torch.empty(0, 8, device=device)
-    assert g.gemv(empty, w, norm=g.NormPrologue(empty, nw, 1e-6, torch.empty_like(empty))).shape == (0, 6)
-
-
 # ---------------------------------------------------------------- GPU tests (tests/conftest.py: `device`)
 
 
@@ -355,35 +310,3 @@ def test_linear_silu_and_mul_op_on_cuda(M: int) -> None:
         out = torch.ops.xrt.linear_silu_and_mul(x.cuda(), w.cuda())
         assert out.shape == (M, N // 2)
         assert rel_err(out, gated_reference(x, w)) < 2 * TOLERANCE[torch.bfloat16]  # rounded three times
-
-
-@pytest.mark.parametrize("layer", ["qkv", "gate_up"])
-@pytest.mark.parametrize("M", [1, 2, 4])
-def test_norm_prologue_on_model_shapes(device: torch.device, layer: str, M: int) -> None:
-    """The norm prologue where the layers use it (executor.fuse_norm): 0.6B's qkv and gate_up on the FMA path."""
-    N, K = QWEN3_06B[layer]
-    gated = layer == "gate_up"
-    check_norm(device, torch.bfloat16, M, N // 2 if gated else N, K, gated=gated)
-
-
-def test_norm_prologue_edges(device: torch.device) -> None:
-    check_norm_edges(device)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("M", [1, 8, 9])
-def test_add_rms_norm_linear_op_on_cuda(M: int) -> None:
-    """xrt::add_rms_norm_linear as the decoder layer calls it: the norm prologue where the skinny GEMM's FMA path
-    runs the shape, the out-of-place fused_add_rms_norm kernel then xrt::linear elsewhere; both against the
-    reference op on the CPU."""
-    import xrt.ops  # noqa: F401  (declares the ops)
-
-    for (N, K), gated in ((QWEN3_06B["qkv"], False), (QWEN3_06B["gate_up"], True), (QWEN3_8B["qkv"], False)):
-        x, w = inputs(M, N, K, torch.bfloat16, seed=M)
-        gen = torch.Generator().manual_seed(M)
-        res, nw = (torch.randn(M, K, generator=gen) * 4).to(torch.bfloat16), (torch.rand(K, generator=gen) + 0.5)
-        nw = nw.to(torch.bfloat16)
-        out, summed = torch.ops.xrt.add_rms_norm_linear(x.cuda(), res.cuda(), nw.cuda(), 1e-6, w.cuda(), gated)
-        want, want_summed = torch.ops.xrt.add_rms_norm_linear(x, res, nw, 1e-6, w, gated)
-        assert torch.equal(summed.cpu(), want_summed)
-        assert rel_err(out, want.float()) < 3 * TOLERANCE[torch.bfloat16]

@@ -73,29 +73,6 @@ def test_gated_edges() -> None:
     checks.check_gated_edges(CPU)
 
 
-NORM = [
-    ("picked", None, False, (1, 12, 100)),
-    ("picked rows", None, False, (3, 35, 129)),
-    ("fma m4 k-tail split", (4, 4, 64, 2, 4), False, (4, 21, 250)),
-    ("fma m-tiles split", (2, 8, 64, 2, 3), False, (5, 12, 300)),
-    ("gated", None, True, (2, 12, 96)),
-    ("gated split", (4, 4, 64, 2, 2), True, (3, 10, 256)),
-]
-
-
-@in_process
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("name", "cfg", "gated", "shape"), NORM, ids=[c[0] for c in NORM])
-def test_norm_prologue(dtype: torch.dtype, name: str, cfg: tuple | None, gated: bool,
-                       shape: tuple[int, int, int]) -> None:
-    checks.check_norm(CPU, dtype, *shape, config=cfg and checks.gemv_module().GemvConfig(*cfg), gated=gated)
-
-
-@in_process
-def test_norm_prologue_edges() -> None:
-    checks.check_norm_edges(CPU)
-
-
 @in_process
 def test_split_k_repeats_and_resets_counters() -> None:
     checks.check_split_k_repeats(CPU, torch.float32)

@@ -1,9 +1,8 @@
 """xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as
-their wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms (in place and out of place), silu_and_mul,
-q/k norm + RoPE with and without the KV write, store_kv, the split-KV decode attention (plain, and with the q/k norm,
-RoPE and KV write inside), the tiers' row copy. Each
-must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA machines, where the GPU tests
-launch the kernels themselves."""
+their wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and
+without the KV write, store_kv, the split-KV decode attention (plain, and with the q/k norm, RoPE and KV write
+inside), the tiers' row copy. Each must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA
+machines, where the GPU tests launch the kernels themselves."""
 
 from __future__ import annotations
 
@@ -44,8 +43,6 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
     return {
         "rms_norm": lambda: rms_norm(x, w, 1e-6),
         "fused_add_rms_norm": lambda: fused_add_rms_norm(x, res, w, 1e-6),
-        "fused_add_rms_norm out of place": lambda: fused_add_rms_norm(x, res, w, 1e-6, None, torch.empty_like(x),
-                                                                      torch.empty_like(res)),
         "silu_and_mul": lambda: silu_and_mul(torch.empty(TOKENS, 2 * inter, dtype=BF16)),
         "qk_norm_rope": lambda: qk_norm_rope(qkv, head_w, head_w, cos_sin, positions, heads, kv_heads, d, 1e-6),
         "qk_norm_rope_store_kv": lambda: qk_norm_rope_store_kv(qkv, head_w, head_w, cos_sin, positions, cache, slots,

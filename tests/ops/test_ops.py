@@ -192,10 +192,6 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
         (torch.ops.xrt.linear.default, (torch.randn(3, 8), torch.randn(5, 8), False)),
         (torch.ops.xrt.fused_add_rms_norm.default, (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6)),
         (torch.ops.xrt.silu_and_mul.default, (torch.randn(3, 8),)),
-        (torch.ops.xrt.add_rms_norm_linear.default,
-         (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6, torch.randn(6, 8))),
-        (torch.ops.xrt.add_rms_norm_linear.default,
-         (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), 1e-6, torch.randn(6, 8), True, True)),
         (torch.ops.xrt.silu_and_mul.default, (torch.randn(3, 8), True)),
         (
             torch.ops.xrt.qk_norm_rope.default,
@@ -225,22 +221,6 @@ def opcheck_cases() -> list[tuple[object, tuple]]:
 @pytest.mark.parametrize("op,args", opcheck_cases(), ids=lambda v: getattr(v, "__name__", ""))
 def test_opcheck(op: object, args: tuple) -> None:
     torch.library.opcheck(op, args)
-
-
-def test_add_rms_norm_linear_is_the_layer_ops_it_replaces() -> None:
-    """xrt::add_rms_norm_linear against fused_add_rms_norm then linear (and silu_and_mul): the same values, the
-    residual stream after the add returned, the inputs left as they were."""
-    x, res, nw, w = torch.randn(3, 8), torch.randn(3, 8) * 4, torch.rand(8) + 0.5, torch.randn(6, 8)
-    x0, res0 = x.clone(), res.clone()
-    for gated in (False, True):
-        out, summed = torch.ops.xrt.add_rms_norm_linear(x, res, nw, 1e-6, w, gated)
-        normed, want_res = x.clone(), res.clone()
-        torch.ops.xrt.fused_add_rms_norm(normed, want_res, nw, 1e-6)
-        want = torch.ops.xrt.linear(normed, w)
-        want = torch.ops.xrt.silu_and_mul(want) if gated else want
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
-        torch.testing.assert_close(summed, want_res, rtol=0, atol=0)
-        assert torch.equal(x, x0) and torch.equal(res, res0)
 
 
 def test_reference_functions_are_the_op_impls() -> None:

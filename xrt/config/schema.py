@@ -209,12 +209,6 @@ class ExecutorArgs:
         help="decode batches whose gate_up projection runs on the skinny-GEMM kernel's FMA path (batch 1 on the "
         "measured shapes) compute silu(gate) * up in its epilogue: one launch a layer fewer (figures: bench/NOTES.md)",
     )
-    fuse_norm: bool = field(
-        False,
-        help="decode batches of at most executor.skinny_gemm_max_rows rows run each decoder layer's residual add and "
-        "RMSNorm as the prologue of the qkv and gate_up GEMVs where the skinny-GEMM kernel runs them on its FMA path "
-        "(xrt::add_rms_norm_linear): two launches a layer fewer; off until measured on a GPU (bench/NOTES.md)",
-    )
     fuse_qk_norm_rope: bool = field(
         False,
         help="decode batches that xrt's Triton decode attention serves (CUDA, at most 2 rows) normalise and rotate q "

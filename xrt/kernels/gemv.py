@@ -13,11 +13,6 @@ the result is deterministic.
 Gated (`gated=True`, the MLP's gate_up projection): w is [gate; up] stacked, [2I, K], and the output is
 silu(x @ gate^T) * (x @ up^T), [M, I]: a program's tile pairs gate row j with up row j, so the activation is its
 epilogue and the separate silu_and_mul launch (and the round trip of the [M, 2I] product) goes.
-Norm prologue (`norm=NormPrologue(...)`, FMA path only; the decoder layer's residual add and RMSNorm before qkv and
-gate_up): x is the sublayer's output, and each program computes the residual sum s = x + residual (rounded to x's
-dtype) of its rows and their 1 / RMS over all of K itself, multiplies x's tiles as rms_norm(s) * weight (rounded
-as the fused_add_rms_norm kernel rounds them), and the first N tile's programs write s to `residual_out` (never to
-`residual`, which the other programs are still reading): one launch where the norm kernel and the GEMV were two.
 Configs are fixed per shape (`pick_config`, in xrt/kernels/gemv_configs.py), never
 autotuned: every launch is capture-safe once each (M bucket, shape) has run eagerly once to compile it."""
 
@@ -56,53 +51,6 @@ def _load_x_row(x_ptr, row, M, stride_xm, k, EVEN_K: tl.constexpr, K: tl.constex
     else:
         x = tl.load(ptr, mask=k < K, other=0.0)
     return x.to(tl.float32)
-
-
-@triton.jit
-def _row_rstd(x_ptr, res_ptr, row, M, stride_xm, stride_rm, eps, K: tl.constexpr, K_POW2: tl.constexpr):
-    """1 / RMS of the residual sum s = x[row] + residual[row] over all K (s rounded to x's dtype first, as the
-    fused_add_rms_norm kernel stores and then normalises it); rows past M read row M - 1."""
-    r = tl.minimum(row, M - 1).to(tl.int64)
-    k = tl.arange(0, K_POW2)
-    mask = k < K
-    x = tl.load(x_ptr + r * stride_xm + k, mask=mask, other=0.0).to(tl.float32)
-    res = tl.load(res_ptr + r * stride_rm + k, mask=mask, other=0.0).to(tl.float32)
-    s = (x + res).to(x_ptr.dtype.element_ty).to(tl.float32)
-    return tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
-
-
-@triton.jit
-def _load_normed_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm, stride_rom, k, rstd,
-                     store, EVEN_K: tl.constexpr, K: tl.constexpr):
-    """rms_norm(x[row] + residual[row]) * weight at k as a [1, BLOCK_K] fp32 tile, rounded to x's dtype as the norm
-    kernel's output is; where `store` (the first N tile's programs), the residual sum goes to residual_out."""
-    dtype = x_ptr.dtype.element_ty
-    r = tl.minimum(row, M - 1).to(tl.int64)
-    if EVEN_K:
-        x = tl.load(x_ptr + r * stride_xm + k)
-        res = tl.load(res_ptr + r * stride_rm + k)
-        nw = tl.load(nw_ptr + k)
-        k_mask = k >= 0
-    else:
-        k_mask = k < K
-        x = tl.load(x_ptr + r * stride_xm + k, mask=k_mask, other=0.0)
-        res = tl.load(res_ptr + r * stride_rm + k, mask=k_mask, other=0.0)
-        nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0)
-    s = (x.to(tl.float32) + res.to(tl.float32)).to(dtype)
-    tl.store(res_out_ptr + r * stride_rom + k, s, mask=k_mask & store & (row < M))
-    return (s.to(tl.float32) * rstd * nw.to(tl.float32)).to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm, stride_rom, k, rstd, store,
-               EVEN_K: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr):
-    """The FMA path's x tile of one row: x as it is, or (NORM) normalised from the residual sum."""
-    if NORM:
-        x = _load_normed_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row, M, stride_xm, stride_rm, stride_rom, k, rstd,
-                             store, EVEN_K, K)
-    else:
-        x = _load_x_row(x_ptr, row, M, stride_xm, k, EVEN_K, K)
-    return x
 
 
 @triton.jit
@@ -197,15 +145,7 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
-    # NORM's (after the others: the plain kernel's parameters keep their places)
-    res_ptr,
-    res_out_ptr,
-    nw_ptr,
-    eps,
-    stride_rm,
-    stride_rom,
     K: tl.constexpr,
-    K_POW2: tl.constexpr,
     K_SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -216,10 +156,9 @@ def _gemv_kernel(
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     GATED: tl.constexpr,
-    NORM: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)  # x (and the residual) and the split-K counters belong to the kernels before
+    pdl_enter(PDL)  # x and the split-K counters belong to the kernels before
     # Neighbouring programs share an N tile (M tiles, then K splits): w is read from L2 by the later ones
     # and the last split of a tile arrives soon after the first.
     pid = tl.program_id(0)
@@ -271,38 +210,19 @@ def _gemv_kernel(
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         row0 = m_tile * BLOCK_M
-        # NORM: each row's 1 / RMS over all of K first (every program, every K split, computes its rows' own);
-        # the w loads below do not depend on it.
-        rstd0 = 1.0
-        rstd1 = 1.0
-        rstd2 = 1.0
-        rstd3 = 1.0
-        if NORM:
-            rstd0 = _row_rstd(x_ptr, res_ptr, row0 + 0, M, stride_xm, stride_rm, eps, K, K_POW2)
-            if BLOCK_M > 1:
-                rstd1 = _row_rstd(x_ptr, res_ptr, row0 + 1, M, stride_xm, stride_rm, eps, K, K_POW2)
-            if BLOCK_M > 2:
-                rstd2 = _row_rstd(x_ptr, res_ptr, row0 + 2, M, stride_xm, stride_rm, eps, K, K_POW2)
-            if BLOCK_M > 3:
-                rstd3 = _row_rstd(x_ptr, res_ptr, row0 + 3, M, stride_xm, stride_rm, eps, K, K_POW2)
-        store = n_tile == 0
         for kk in tl.static_range(0, K_SPLIT, BLOCK_K):
             k = (k_base + kk + rk)[None, :]
             if EVEN_K:
                 w = tl.load(w_rows + k, mask=n_mask[:, None], other=0.0).to(tl.float32)
             else:
                 w = tl.load(w_rows + k, mask=n_mask[:, None] & (k < K), other=0.0).to(tl.float32)
-            acc0 += w * _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row0 + 0, M, stride_xm, stride_rm,
-                                   stride_rom, k, rstd0, store, EVEN_K, K, NORM)
+            acc0 += w * _load_x_row(x_ptr, row0 + 0, M, stride_xm, k, EVEN_K, K)
             if BLOCK_M > 1:
-                acc1 += w * _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row0 + 1, M, stride_xm, stride_rm,
-                                       stride_rom, k, rstd1, store, EVEN_K, K, NORM)
+                acc1 += w * _load_x_row(x_ptr, row0 + 1, M, stride_xm, k, EVEN_K, K)
             if BLOCK_M > 2:
-                acc2 += w * _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row0 + 2, M, stride_xm, stride_rm,
-                                       stride_rom, k, rstd2, store, EVEN_K, K, NORM)
+                acc2 += w * _load_x_row(x_ptr, row0 + 2, M, stride_xm, k, EVEN_K, K)
             if BLOCK_M > 3:
-                acc3 += w * _fma_x_row(x_ptr, res_ptr, nw_ptr, res_out_ptr, row0 + 3, M, stride_xm, stride_rm,
-                                       stride_rom, k, rstd3, store, EVEN_K, K, NORM)
+                acc3 += w * _load_x_row(x_ptr, row0 + 3, M, stride_xm, k, EVEN_K, K)
         acc = _fma_rows_to_tile(acc, acc0, acc1, acc2, acc3, BLOCK_M)
 
     _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, rm, m_mask, n_mask, M, N, stride_om,
@@ -322,40 +242,14 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
     return bufs[-1]
 
 
-@dataclasses.dataclass(frozen=True)
-class NormPrologue:
-    """gemv's `norm`: x is multiplied as rms_norm(x + residual) * weight, and x + residual goes to residual_out.
-    residual, residual_out: [M, K] in x's dtype, unit last stride; weight [K]."""
-
-    residual: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-    residual_out: torch.Tensor
-
-
-def _check_norm(norm: NormPrologue, rows: torch.Tensor, x_dim: int) -> None:
-    M, K = rows.shape
-    if x_dim != 2:
-        raise ValueError(f"gemv norm: expected 2-D x, got {x_dim}-D")
-    for name in ("residual", "residual_out"):
-        t = getattr(norm, name)
-        if tuple(t.shape) != (M, K) or t.stride(1) != 1 or t.dtype != rows.dtype or t.device != rows.device:
-            raise ValueError(f"gemv norm {name}: expected [{M}, {K}] {rows.dtype} on {rows.device} with unit last "
-                             f"stride, got {tuple(t.shape)} {t.dtype} strides {t.stride()} on {t.device}")
-    if tuple(norm.weight.shape) != (K,) or norm.weight.stride(0) != 1 or norm.weight.device != rows.device:
-        raise ValueError(f"gemv norm weight: expected [{K}] contiguous on {rows.device}, got "
-                         f"{tuple(norm.weight.shape)} on {norm.weight.device}")
-
-
 def gemv(
     x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, config: GemvConfig | None = None,
-    pdl: bool | None = None, gated: bool = False, norm: NormPrologue | None = None,
+    pdl: bool | None = None, gated: bool = False,
 ) -> torch.Tensor:
     """x [..., K] @ w[N, K]^T -> [..., N] in x's dtype (written into `out` when given: [..., N], unit last
     stride, rows at any stride when x is 2-D). pdl: `launch.pdl`'s wanted. gated: w is [gate; up], [2I, K], and
     the result silu(x @ gate^T) * (x @ up^T), [..., I] (N = I below); the config is w's shape's, its tile at
-    least one (gate, up) pair wide. norm: the residual add and RMSNorm before the product (2-D x, the FMA path;
-    ValueError for a config on the tensor-core path)."""
+    least one (gate, up) pair wide."""
     if w.dim() != 2 or w.stride(1) != 1:
         raise ValueError(f"gemv w: expected [N, K] with unit last stride, got shape {tuple(w.shape)} "
                          f"strides {w.stride()}")
@@ -385,18 +279,14 @@ def gemv(
     if out_rows.dim() != 2 or out_rows.stride(1) != 1:
         raise ValueError(f"gemv out: expected rows of {N} with unit last stride, got shape {tuple(out.shape)} "
                          f"strides {out.stride()}")
-    if norm is not None:
-        _check_norm(norm, rows, x.dim())
-    if M == 0 or N == 0 or K == 0:
-        if norm is not None:
-            torch.add(x, norm.residual, out=norm.residual_out)
-        return out if M == 0 or N == 0 else out.zero_()
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
     cfg = config if config is not None else pick_config(M, rows_w, K)
     if gated and cfg.block_n == 1:
         cfg = dataclasses.replace(cfg, block_n=2)  # one (gate, up) pair: the same w rows a thread, twice
     check_config(cfg)
-    if norm is not None and cfg.use_dot:
-        raise ValueError(f"gemv norm: the norm prologue runs on the FMA path only, got {cfg}")
 
     m_tiles, n_tiles = triton.cdiv(M, cfg.block_m), triton.cdiv(rows_w, cfg.block_n)
     k_split = triton.cdiv(K, cfg.split_k * cfg.block_k) * cfg.block_k
@@ -411,18 +301,12 @@ def gemv(
     x_stride = rows.stride(0) if M > 1 else K
     o_stride = out_rows.stride(0) if M > 1 else N
     on = launch_pdl(x, M, pdl)
-    if norm is not None:
-        res, res_out, nw, eps = norm.residual, norm.residual_out, norm.weight, norm.eps
-        r_stride = res.stride(0) if M > 1 else K
-        ro_stride = res_out.stride(0) if M > 1 else K
-    else:  # dead arguments: NORM is a constexpr
-        res, res_out, nw, eps, r_stride, ro_stride = rows, rows, rows, 0.0, K, K
     _gemv_kernel[(m_tiles * n_tiles * cfg.split_k,)](
-        rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride, res, res_out, nw, eps, r_stride,
-        ro_stride, K=K, K_POW2=triton.next_power_of_2(K), K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
+        rows, w, out_rows, ws, cnt, M, N, x_stride, w.stride(0), o_stride,
+        K=K, K_SPLIT=k_split, EVEN_K=k_split * cfg.split_k == K,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.use_dot, PRECISION="ieee" if interpret_bf16 or x.dtype == torch.float32 else "tf32",
-        DOT_FP32=interpret_bf16, GATED=gated, NORM=norm is not None, PDL=on,
+        DOT_FP32=interpret_bf16, GATED=gated, PDL=on,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(on),
     )
     return out

@@ -42,25 +42,17 @@ def _rms_norm_kernel(x_ptr, out_ptr, w_ptr, x_row_stride, out_row_stride, n_cols
 
 @triton.jit
 def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, x_row_stride, res_row_stride, n_cols, eps,
-                               x_out_ptr, res_out_ptr, x_out_row_stride, res_out_row_stride,
-                               BLOCK: tl.constexpr, OUT_OF_PLACE: tl.constexpr, PDL: tl.constexpr):
-    # The out-of-place arguments last, and read only when OUT_OF_PLACE: the in-place kernel is the one it always was.
+                               BLOCK: tl.constexpr, PDL: tl.constexpr):
     row, cols, mask = _enter_row(n_cols, BLOCK, PDL)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    if OUT_OF_PLACE:
-        x_dst = x_out_ptr + row * x_out_row_stride + cols
-        res_dst = res_out_ptr + row * res_out_row_stride + cols
-    else:
-        x_dst = x_ptr + row * x_row_stride + cols
-        res_dst = res_ptr + row * res_row_stride + cols
     # Round the sum to the residual dtype before normalising: the stored residual is what the
     # reference (and the next layer) sees.
     s = (x + r).to(res_ptr.dtype.element_ty)
-    tl.store(res_dst, s, mask=mask)
+    tl.store(res_ptr + row * res_row_stride + cols, s, mask=mask)
     s32 = s.to(tl.float32)
     rstd, w = _norm_factors(s32, w_ptr, cols, mask, n_cols, eps)
-    tl.store(x_dst, (s32 * rstd * w).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(x_ptr + row * x_row_stride + cols, (s32 * rstd * w).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_rows(name: str, t: torch.Tensor, n_cols: int) -> None:
@@ -88,28 +80,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None,
-    out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool | None = None
 ) -> None:
-    """One launch: residual <- x + residual; x <- rms_norm(residual) * weight, in place, or (out, residual_out)
-    into those [tokens, N] tensors instead, the inputs left as they are."""
+    """In place, one launch: residual <- x + residual; x <- rms_norm(residual) * weight."""
     n_cols = weight.shape[0]
-    if (out is None) != (residual_out is None):
-        raise ValueError("fused_add_rms_norm: give both out and residual_out, or neither (in place)")
-    out_of_place = out is not None
-    out = x if out is None else out
-    residual_out = residual if residual_out is None else residual_out
-    for name, t, like in (("x", x, x), ("residual", residual, residual), ("out", out, x),
-                          ("residual_out", residual_out, residual)):
-        _check_rows(f"fused_add_rms_norm {name}", t, n_cols)
-        if t.shape[0] != x.shape[0] or t.dtype != like.dtype:
-            raise ValueError(f"fused_add_rms_norm {name}: expected {x.shape[0]} rows of {like.dtype}, got "
-                             f"{t.shape[0]} of {t.dtype}")
+    _check_rows("fused_add_rms_norm x", x, n_cols)
+    _check_rows("fused_add_rms_norm residual", residual, n_cols)
+    if x.shape[0] != residual.shape[0]:
+        raise ValueError(f"fused_add_rms_norm: x has {x.shape[0]} rows, residual {residual.shape[0]}")
     if x.shape[0] == 0:
         return
     block, on = block_size(n_cols), launch_pdl(x, x.shape[0], pdl)
     _fused_add_rms_norm_kernel[(x.shape[0],)](
-        x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, out, residual_out, out.stride(0),
-        residual_out.stride(0), BLOCK=block, OUT_OF_PLACE=out_of_place, PDL=on, num_warps=num_warps_for(block),
-        **pdl_launch(on),
+        x, residual, weight, x.stride(0), residual.stride(0), n_cols, eps, BLOCK=block, PDL=on,
+        num_warps=num_warps_for(block), **pdl_launch(on),
     )

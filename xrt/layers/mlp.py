@@ -29,7 +29,3 @@ class GatedMLP(nn.Module):
             # Where gate_up_proj would run xrt::linear: the same routing, the activation in the GEMM's epilogue.
             return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
         return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x), pdl))
-
-    def down(self, gate_up: torch.Tensor, activated: bool, pdl: bool) -> torch.Tensor:
-        """Everything after the gate_up projection: its output, or (activated) silu(gate) * up already."""
-        return self.down_proj.forward(gate_up if activated else torch.ops.xrt.silu_and_mul(gate_up, pdl))

@@ -22,15 +22,12 @@ class LayerOptions:
     # The gated MLP's gate_up and silu_and_mul as one xrt::linear_silu_and_mul where xrt::linear would run
     # (executor.fuse_activation).
     fuse_activation: bool = True
-    # A decoder layer's residual add and RMSNorm before qkv and gate_up as one xrt::add_rms_norm_linear with each,
-    # where xrt::linear would run (executor.fuse_norm).
-    fuse_norm: bool = False
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
                    pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
-                   fuse_activation=executor.fuse_activation, fuse_norm=executor.fuse_norm)
+                   fuse_activation=executor.fuse_activation)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

@@ -13,7 +13,7 @@ from xrt.layers.attention import QKNormSelfAttention
 from xrt.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from xrt.layers.mlp import GatedMLP
 from xrt.layers.norm import RMSNorm
-from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
+from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions
 from xrt.layers.rotary import RotaryEmbedding
 from xrt.layers.weights import WeightShapeError, default_weight_loader
 from xrt.models.errors import TensorError
@@ -45,8 +45,6 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device, tp, options)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
-        self.fuse_norm, self.skinny_rows, self.pdl_max_rows = (options.fuse_norm, options.skinny_rows,
-                                                               options.pdl_max_rows)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -56,34 +54,11 @@ class Qwen3DecoderLayer(nn.Module):
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
-        elif self.fuses_norms(hidden):
-            return self._forward_norms_fused(positions, hidden, residual)
         else:
             hidden, residual = self.input_layernorm.add_forward(hidden, residual)
         hidden = self.self_attn.forward(positions, hidden)
         hidden, residual = self.post_attention_layernorm.add_forward(hidden, residual)
         return self.mlp.forward(hidden), residual
-
-    def fuses_norms(self, hidden: torch.Tensor) -> bool:
-        """Whether this layer's norms go with the projections after them (executor.fuse_norm): CUDA batches of rows
-        that qkv and gate_up would run through xrt::linear."""
-        return self.fuse_norm and hidden.dim() == 2 and hidden.is_cuda and hidden.shape[0] <= self.skinny_rows
-
-    def _forward_norms_fused(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """executor.fuse_norm, where qkv and gate_up would run xrt::linear: each residual add and RMSNorm one op
-        with the projection after it (xrt::add_rms_norm_linear; the GEMV's prologue where it runs on its FMA path),
-        the residual stream a new tensor after each."""
-        pdl = uses_pdl(hidden.shape[0], self.pdl_max_rows)
-        attn, mlp, norm = self.self_attn, self.mlp, self.input_layernorm
-        qkv, residual = torch.ops.xrt.add_rms_norm_linear(hidden, residual, norm.weight, norm.eps,
-                                                          attn.qkv_proj.weight, False, pdl)
-        hidden = attn.attend(positions, qkv)
-        norm, gated = self.post_attention_layernorm, mlp.fuse_activation
-        gate_up, residual = torch.ops.xrt.add_rms_norm_linear(hidden, residual, norm.weight, norm.eps,
-                                                              mlp.gate_up_proj.weight, gated, pdl)
-        return mlp.down(gate_up, gated, pdl), residual
 
 
 class Qwen3Model(nn.Module):

@@ -44,8 +44,8 @@ _silu_and_mul = lazy_function("xrt.kernels.silu_and_mul", "silu_and_mul")
 
 
 def _on_fma_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether xrt::linear runs x @ weight^T on the skinny GEMM's FMA path, where its fused prologue and epilogue
-    apply (on the tensor-core path the gated epilogue measured slower: Qwen3-8B at batch 8, bench/NOTES.md)."""
+    """Whether xrt::linear runs x @ weight^T on the skinny GEMM's FMA path, where its gated epilogue applies (on
+    the tensor-core path it measured slower: Qwen3-8B at batch 8, bench/NOTES.md)."""
     m, (n, k) = x.shape[0], weight.shape
     return (x.dtype in (torch.bfloat16, torch.float16) and bool(_prefer_gemv(m, n, k))
             and not _pick_config(m, n, k).use_dot)
@@ -60,24 +60,3 @@ def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None 
 
 
 register_device_impl("linear_silu_and_mul", "cuda", linear_silu_and_mul)
-
-_fused_add_rms_norm = lazy_function("xrt.kernels.rms_norm", "fused_add_rms_norm")
-_norm_prologue = lazy_function("xrt.kernels.gemv", "NormPrologue")
-
-
-def add_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    gated: bool = False, pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the skinny GEMM runs the shape on its FMA path: one launch, the residual add and RMSNorm its
-    prologue (the activation its epilogue when gated). Elsewhere the fused_add_rms_norm kernel out of place, then
-    xrt::linear's or xrt::linear_silu_and_mul's route: the launches of the unfused layer."""
-    summed = torch.empty_like(residual)
-    if _on_fma_path(x, weight):
-        return _gemv(x, weight, None, None, pdl, gated, _norm_prologue(residual, norm_weight, eps, summed)), summed
-    normed = torch.empty_like(x)
-    _fused_add_rms_norm(x, residual, norm_weight, eps, pdl, normed, summed)
-    return (linear_silu_and_mul(normed, weight, pdl) if gated else linear(normed, weight, pdl)), summed
-
-
-register_device_impl("add_rms_norm_linear", "cuda", add_rms_norm_linear)

@@ -91,27 +91,6 @@ def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None 
     return silu_and_mul(linear(x, weight))
 
 
-def _norm_linear_outputs(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                         weight: torch.Tensor, gated: bool = False, pdl: bool | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.new_empty((x.shape[0], weight.shape[0] // 2 if gated else weight.shape[0])), torch.empty_like(residual)
-
-
-@op("(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, bool gated=False, bool? pdl=None) "
-    "-> (Tensor, Tensor)", _norm_linear_outputs)
-def add_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    gated: bool = False, pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decoder layer's residual add and RMSNorm, then the projection that reads them: (linear(rms_norm(x +
-    residual) * norm_weight, weight), silu_and_mul'ed when gated; x + residual, the residual stream after it).
-    x, residual [M, K]; the inputs are left as they are. On CUDA one skinny-GEMM launch with the norm as its
-    prologue where that kernel runs the shape on its FMA path (`xrt.ops.cuda_impls.add_rms_norm_linear`)."""
-    summed = x + residual
-    y = linear(rms_norm(summed, norm_weight, eps), weight)
-    return (silu_and_mul(y) if gated else y), summed
-
-
 @op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()")
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None
