@@ -210,14 +210,14 @@ def test_launched_step_takes_its_tokens_from_the_previous_launch(llms: tuple[obj
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, object], batch: int) -> None:
-    """executor.fuse_qk_norm_rope: decode batches on the Triton decode attention normalise, rotate and write this
-    step's K/V inside that kernel. After the same prefill, a decode step's logits are the unfused graph runner's
-    within bf16 rounding (q and k are normalised with another reduction order), replayed or eager (those two bit for
-    bit), and the token each sequence wrote is in the cache, as the next step reads it."""
+    """executor.fuse_qk_norm_rope (on by default): decode batches on the Triton decode attention normalise, rotate
+    and write this step's K/V inside that kernel. After the same prefill, a decode step's logits are those of a graph
+    runner with it off within bf16 rounding (q and k are normalised with another reduction order), replayed or eager
+    (those two bit for bit), and the token each sequence wrote is in the cache, as the next step reads it."""
     from xrt.engine.llm import LLM
 
-    unfused = llms[1].engine.runner  # type: ignore[attr-defined]
-    fused = LLM(graph_config(ExecutorKind.CUDAGRAPH, fuse_qk_norm_rope=True)).engine.runner  # type: ignore[attr-defined]
+    fused = llms[1].engine.runner  # type: ignore[attr-defined]
+    unfused = LLM(graph_config(ExecutorKind.CUDAGRAPH, fuse_qk_norm_rope=False)).engine.runner  # type: ignore[attr-defined]
     rng = random.Random(batch)
     lens = [rng.randrange(20, MAX_MODEL_LEN - 8) for _ in range(batch)]
     tables = [list(range(i * 16, i * 16 + 16)) for i in range(batch)]
@@ -231,6 +231,7 @@ def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, objec
         want = unfused.execute(step).clone()
         got = fused.execute(step).clone()
         assert fused.backend.fuses_qk_norm_rope(), "the fused runner's decode did not take the fused attention"
+        assert not unfused.backend.fuses_qk_norm_rope()
         err = ((got - want).abs().max() / want.abs().max()).item()
         assert err < 2e-2, f"batch {batch} step {step_i}: relative logit difference {err:.3e}"
         if step_i == 0:

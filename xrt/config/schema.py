@@ -210,10 +210,10 @@ class ExecutorArgs:
         "measured shapes) compute silu(gate) * up in its epilogue: one launch a layer fewer (figures: bench/NOTES.md)",
     )
     fuse_qk_norm_rope: bool = field(
-        False,
+        True,
         help="decode batches that xrt's Triton decode attention serves (CUDA, at most 2 rows) normalise and rotate q "
         "and k and write this step's K/V inside that kernel instead of in xrt::qk_norm_rope_store_kv: one launch a "
-        "layer fewer; off until measured on a GPU (bench/NOTES.md)",
+        "layer fewer (figures: bench/NOTES.md)",
     )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
