@@ -2,6 +2,10 @@
 # Installs the carried wheels (.whl/, from ../shared/tools/gpu-wheels.sh) into /tmp/site and sets the
 # environment xrt's GPU runs use. Carry [".whl", ".fi"] in the device call.
 bash .whl/install.sh || return 1
+# The serve extra (scripts/gpu_serve_wheels.sh), when carried: carry it with .whl alone, as .fi would pass the limit.
+if [ -d .whl-serve ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-serve/*.whl || return 1
+fi
 # pip has just rewritten FlashInfer's sources: backdate them (and any source FlashInfer generated into .fi)
 # so ninja sees the carried .fi build as current instead of recompiling every module (~100 s per bf16 model).
 # Unverified on the H200 as of this commit: check the session header of `pytest --gpu -m gpu tests` (without -q).
