@@ -60,8 +60,9 @@ def _split_k(K: int, block_k: int, tiles: int) -> int:
 # Winners of the gemv kernel bench, keyed (N, K, M bucket: 1, 2, 4 for 3-4, 8 for 5-8; `_bucket`): on the H200 the
 # Qwen3-0.6B decode shapes at M = 1 and 8 (then scripts/bench_gemv.py, bench/results/h200-microbench/gemv.md) and the
 # Qwen3-8B ones (bench/results/h200-issue26-s1/call4/gemv-8b); on an H100 the 0.6B shapes at M = 2 and 4
-# (bench/results/h100-issue26-s3) and the 8B ones (bench/results/h100-issue26-s5), kept where the winner beat the
-# config the shape had by more than 2%. A shape measured at 8 but not at its own bucket takes the M = 8 winner.
+# (bench/results/h100-issue26-s3) and the 8B ones (a run whose files were lost; the same bench on the H200 and the
+# end-to-end A/B of these entries: bench/results/h200-issue26-s5), kept where the winner beat the config the shape
+# had by more than 2%. A shape measured at 8 but not at its own bucket takes the M = 8 winner.
 _MEASURED = {
     (4096, 1024, 1): GemvConfig(1, 2, 512, 2),
     (1024, 2048, 1): GemvConfig(1, 2, 1024, 4),
