@@ -135,15 +135,17 @@ def test_measured_configs_are_valid_and_used() -> None:
     for N, K in (checks.QWEN3_06B["qkv"], checks.QWEN3_06B["gate_up"]):
         assert [g.prefer_gemv(M, N, K) for M in range(1, 10)] == [True] * 4 + [False] * 5
         assert g.pick_config(3, N, K) == g._MEASURED[(N, K, 4)]
-    # An 8B linear measured at 2 and 8 but not 4 takes the M = 8 winner at M = 3..8; the 8B lm_head at M = 3-4 takes
-    # its own M = 4 winner, not the heuristic's FMA tile.
+    # An 8B linear measured at 2 and 8 but not 4 takes the M = 8 winner at M = 3..8; the 8B lm_head at M = 2..4 takes
+    # the tensor-core tile measured at 2 and 4, not the heuristic's FMA tile.
     for N, K in [v for k, v in checks.QWEN3_8B.items() if k != "lm_head"]:
         assert g.pick_config(2, N, K) == g._MEASURED[(N, K, 2)] != g._MEASURED[(N, K, 8)]
         for M in range(3, 9):
             assert g.pick_config(M, N, K) == g._MEASURED[(N, K, 8)]
     lm_head = checks.QWEN3_8B["lm_head"]
     assert g.pick_config(3, *lm_head) == g.pick_config(4, *lm_head) == g._MEASURED[(*lm_head, 4)]
-    assert g.pick_config(4, *lm_head) != g.heuristic_config(4, *lm_head)
+    assert g.pick_config(2, *lm_head) == g._MEASURED[(*lm_head, 2)]
+    for M in (2, 4):
+        assert g.pick_config(M, *lm_head).use_dot and not g.heuristic_config(M, *lm_head).use_dot
     # 8B's linears at M = 2..8: the measured M = 8 winners, each faster than cuBLAS there.
     for N, K in checks.QWEN3_8B.values():
         assert all(g.prefer_gemv(M, N, K) for M in range(1, 9)) and not g.prefer_gemv(9, N, K)

@@ -92,7 +92,9 @@ _MEASURED = {
     (4096, 4096, 2): GemvConfig(2, 8, 2048, 8),
     (24576, 4096, 2): GemvConfig(2, 8, 2048, 8),
     (4096, 12288, 2): GemvConfig(2, 2, 1024, 4),
-    # The heuristic's FMA tile at M = 3-4 streams the 8B lm_head at 0.76x cuBLAS; the tensor-core tile beats both.
+    # The heuristic's FMA tile at M = 3-4 streams the 8B lm_head at 0.76x cuBLAS; the tensor-core tile beats both,
+    # at M = 2 too (0.91x cuBLAS for the FMA tile on the H200, bench/results/h200-issue26-s5 section 2).
+    (151936, 4096, 2): GemvConfig(16, 32, 256, 4, use_dot=True, num_stages=3),
     (151936, 4096, 4): GemvConfig(16, 32, 256, 4, use_dot=True, num_stages=3),
 }
 
