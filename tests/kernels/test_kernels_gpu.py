@@ -177,6 +177,35 @@ def check_store_kv(
     assert torch.equal(cache_dev.cpu(), ref_cache), f"store_kv {dtype} T={n_tokens} page={page_size}: cache differs"
 
 
+def check_argmax_rows(device: torch.device, dtype: torch.dtype, rows: int, vocab: int, seed: int = 0) -> None:
+    """The greedy token of each row, equal to torch.argmax's: random rows, and rows whose maximum repeats within
+    and across the kernel's chunks (the first wins), -0.0 against +0.0, NaN (the first NaN wins) and all -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(gen, rows, vocab, dtype=dtype, scale=3.0)
+    special = []
+    if rows > 1 and vocab > 8:
+        top = x[1].max() + 1
+        x[1, [vocab - 1, vocab // 2, 5]] = top  # repeats in the last, a middle and the first chunk
+        special.append(1)
+    if rows > 2 and vocab > 8:
+        x[2] = float("-inf")
+        x[2, vocab - 2] = -0.0
+        x[2, vocab - 1] = 0.0  # equal to -0.0: the first of the two wins
+        special.append(2)
+    if rows > 3 and vocab > 8:
+        x[3, [vocab - 3, 7]] = float("nan")
+        x[3, 0] = float("inf")
+        special.append(3)
+    if rows > 4:
+        x[4] = float("-inf")
+        special.append(4)
+    out = torch.full((rows,), -1, dtype=torch.int64, device=device)
+    kernel("argmax", "argmax_rows")(x.to(device), out)
+    ref = torch.empty(rows, dtype=torch.int64)
+    reference.argmax_rows(x, ref)
+    assert torch.equal(out.cpu(), ref), f"argmax_rows {dtype} [{rows}, {vocab}] rows {special}"
+
+
 def check_layouts(device: torch.device, dtype: torch.dtype = torch.float32) -> None:
     """Inputs that are not plain contiguous [T, N]: row-strided views, extra leading dims, transposes."""
     gen = torch.Generator().manual_seed(4)
@@ -256,6 +285,15 @@ def test_store_kv(device: torch.device, dtype: torch.dtype, shape: tuple[int, in
     check_store_kv(device, dtype, *shape)
 
 
+ARGMAX_SHAPES = [(1, 151936), (5, 151936), (3, 1000), (6, 4097), (2, 3)]
+
+
+@pytest.mark.parametrize(("dtype", "shape"), cases(ARGMAX_SHAPES, (torch.bfloat16, (5, 151936)),
+                                                   (torch.float32, (6, 4097))))
+def test_argmax_rows(device: torch.device, dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    check_argmax_rows(device, dtype, *shape)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=str)
 def test_layouts(device: torch.device, dtype: torch.dtype) -> None:
     check_layouts(device, dtype)
@@ -320,6 +358,30 @@ def test_ops_dispatch_to_the_triton_kernels(device: torch.device, monkeypatch: p
     assert_close(cache_dev, cache, dtype, "op qk_norm_rope_store_kv cache")
     assert calls == ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "qk_norm_rope", "store_kv",
                      "qk_norm_rope_store_kv"]
+
+
+def test_argmax_op_runs_the_kernel_and_replays_in_a_cuda_graph(device: torch.device,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """xrt::argmax_rows on CUDA is the Triton kernel; captured after one eager launch (its scratch allocated then),
+    every replay over new logits gives torch.argmax's tokens: the arrival counters reset themselves."""
+    import xrt.kernels.argmax as argmax_module
+    import xrt.ops  # noqa: F401
+
+    calls: list[int] = []
+    real = argmax_module.argmax_rows
+    monkeypatch.setattr(argmax_module, "argmax_rows", lambda *a: calls.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(3)
+    logits = randn(gen, 4, 151936, dtype=torch.bfloat16).to(device)
+    out = torch.empty(4, dtype=torch.int64, device=device)
+    torch.ops.xrt.argmax_rows(logits, out, True)
+    assert calls == [1] and torch.equal(out, logits.argmax(dim=-1))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.xrt.argmax_rows(logits, out, True)
+    for _ in range(3):
+        logits.copy_(randn(gen, 4, 151936, dtype=torch.bfloat16).to(device))
+        graph.replay()
+        assert torch.equal(out, logits.argmax(dim=-1))
 
 
 def test_kernels_replay_in_a_cuda_graph_after_warmup(device: torch.device) -> None:

@@ -35,6 +35,13 @@ def test_fused_add_rms_norm(dtype: torch.dtype, shape: tuple[int, int]) -> None:
 
 @in_process
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(5, 9000), (2, 3)], ids=str)
+def test_argmax_rows(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    checks.check_argmax_rows(CPU, dtype, *shape)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 3072), (3, 100)], ids=str)
 def test_silu_and_mul(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     checks.check_silu_and_mul(CPU, dtype, *shape)

@@ -1,8 +1,8 @@
 """xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as
 their wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and
 without the KV write, store_kv, the split-KV decode attention (plain, and with the q/k norm, RoPE and KV write
-inside), the tiers' row copy. Each must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA
-machines, where the GPU tests launch the kernels themselves."""
+inside), the tiers' row copy, the greedy argmax. Each must compile and not spill. Skipped without triton's CUDA
+toolchain, and on CUDA machines, where the GPU tests launch the kernels themselves."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sm90_support import Compiler, launches, ptxas_report, spill_bytes
 
 COMPILER = Compiler("kernels/test_kernels_gpu.py")
 
+from xrt.kernels.argmax import argmax_rows  # noqa: E402
 from xrt.kernels.copy_rows import copy_rows  # noqa: E402
 from xrt.kernels.decode_attention import DecodeAttention, QKNormRope  # noqa: E402
 from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
@@ -54,6 +55,8 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
             qkv[:1].view(1, heads + 2 * kv_heads, d), cache, indptr, indices, last, d**-0.5,
             rope=QKNormRope(head_w, head_w, cos_sin, positions, slots, 1e-6)),
         "copy_rows": lambda: copy_rows(torch.empty(4, 4096, dtype=BF16), torch.empty(4, 4096, dtype=BF16), 4),
+        "argmax_rows": lambda: argmax_rows(torch.empty(TOKENS, 151936, dtype=BF16),
+                                           torch.empty(TOKENS, dtype=torch.int64)),
     }
 
 

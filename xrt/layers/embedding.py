@@ -67,3 +67,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.tp_size > 1:
             logits = torch.ops.xrt.all_gather(logits, -1, self.tp_size, self.group_name)[:, : self.num_embeddings]
         return logits
+
+    def argmax_into(self, logits: torch.Tensor, out: torch.Tensor, pdl: bool = True) -> None:
+        """The greedy token of each row of `logits` [R, vocab] into int64 `out` [R]; pdl as compute_logits'."""
+        torch.ops.xrt.argmax_rows(logits, out, pdl and logits.shape[0] <= self.pdl_max_rows)

@@ -15,6 +15,7 @@ from xrt.ops.registry import lazy_function, register_device_impl, register_kerne
 # Ops whose kernel takes the op's arguments as they are (`pdl` last, left out where the caller passed the
 # default): op name -> kernels module.function.
 KERNELS = {
+    "argmax_rows": "argmax.argmax_rows",
     "rms_norm": "rms_norm.rms_norm",
     "fused_add_rms_norm": "rms_norm.fused_add_rms_norm",
     "qk_norm_rope": "qk_norm_rope.qk_norm_rope",

@@ -91,6 +91,13 @@ def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None 
     return silu_and_mul(linear(x, weight))
 
 
+@op("(Tensor logits, Tensor(a1!) out, bool? pdl=None) -> ()")
+def argmax_rows(logits: torch.Tensor, out: torch.Tensor, pdl: bool | None = None) -> None:
+    """In place: out [R] (int64) <- the greedy token of each row of logits [R, V] (the first maximum; NaN above
+    every number). On CUDA one launch spread over the row, taking part in PDL (`xrt.kernels.argmax`)."""
+    torch.argmax(logits, dim=-1, out=out)
+
+
 @op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()")
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None

@@ -16,10 +16,19 @@ from xrt.attention.metadata import AttentionMetadata
 from xrt.executor.graphs.capture import CaptureStrategy
 
 
+class GraphLMHead(Protocol):
+    """What the graphs need of the model's lm_head (`xrt.layers.embedding.ParallelLMHead`)."""
+
+    num_embeddings: int
+    weight: torch.Tensor
+
+    def argmax_into(self, logits: torch.Tensor, out: torch.Tensor, pdl: bool = True) -> None: ...
+
+
 class GraphModel(Protocol):
     """What the graphs need of the model (`xrt.models.qwen3.Qwen3ForCausalLM`)."""
 
-    lm_head: torch.nn.Module
+    lm_head: GraphLMHead
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
 
@@ -38,7 +47,7 @@ class GraphParts:
     def static_logits(self, rows: int) -> torch.Tensor:
         """[rows, vocab] in the model dtype: what lm_head writes inside a graph."""
         head = self.model.lm_head
-        return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)  # type: ignore[arg-type]
+        return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                 kv_ready: Sequence[torch.cuda.Event | None] | None = None, pdl: bool = True) -> torch.Tensor:
@@ -51,4 +60,4 @@ class GraphParts:
         logits.copy_(self.model.compute_logits(hidden, pdl))
         if self.argmax:
             # Over the model-dtype logits: widening to float32 is exact, so the argmax is the same.
-            torch.argmax(logits, dim=-1, out=argmax)
+            self.model.lm_head.argmax_into(logits, argmax, pdl)
