@@ -75,6 +75,11 @@ def _decode_kernel(
     page_lo = tl.load(kv_indptr_ptr + b)
     npages = tl.load(kv_indptr_ptr + b + 1) - page_lo
     last = tl.load(last_len_ptr + b)
+    if ROPE:
+        # Read with the page table's bounds, not after them: the rotation's cos / sin address waits on the
+        # position, and the chunk's first page ids (below) on these bounds, so both chains start one load earlier.
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
     seq_len = tl.where(npages > 0, (npages - 1) * PAGE_SIZE + last, 0)
     n_target = tl.maximum(tl.minimum(max_splits, tl.cdiv(seq_len, split_tokens)), 1)
     # At least one block: an empty sequence gets no chunk (and no division by zero).
@@ -90,16 +95,21 @@ def _decode_kernel(
     if split < n_splits:
         start = split * chunk
         end = tl.minimum(start + chunk, seq_len)
+        # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then
+        # depend on no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of
+        # K and V in flight (with the page-id load inside the iteration it keeps only one). The first block's
+        # ids are asked for before q is made, so their wait overlaps it.
+        t = start + tl.arange(0, BLOCK_N)
+        page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
         row = q_ptr + b.to(tl.int64) * stride_qb
         if ROPE:
             # q_ptr is the raw qkv row: this program normalises and rotates its own q heads (in registers;
             # nothing else reads them), rounded to q's dtype as xrt::qk_norm_rope_store_kv would store them.
-            cs_row = cos_sin_ptr + tl.load(pos_ptr + b).to(tl.int64) * stride_cs
+            cs_row = cos_sin_ptr + pos * stride_cs
             q1, q2 = _norm_rope(row + head[:, None] * stride_qh, h_mask[:, None], q_w_ptr, cs_row, eps,
                                 HEAD_DIM // 2, HEAD_DIM)
             dtype = q_ptr.dtype.element_ty
             q = tl.reshape(tl.permute(tl.join(q1.to(dtype), q2.to(dtype)), (0, 2, 1)), (BLOCK_H, HEAD_DIM))
-            slot = tl.load(slot_ptr + b).to(tl.int64)
             # The program whose chunk holds the newest token writes that token's k (normalised, rotated) and v
             # into the cache (padding rows have slot -1), then reads them back in its key loop like any other
             # token: the barrier makes the block's writes visible to all its threads first. No other program
@@ -127,11 +137,6 @@ def _decode_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
-        # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then
-        # depend on no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of
-        # K and V in flight (with the page-id load inside the iteration it keeps only one).
-        t = start + tl.arange(0, BLOCK_N)
-        page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
         tok = page.to(tl.int64) * stride_page + (t % PAGE_SIZE) * stride_tok
         for _ in range(start, end, BLOCK_N):
             t_mask = t < end
