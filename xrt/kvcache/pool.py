@@ -66,11 +66,11 @@ class PagePool:
             return pages, hashes
         # The first page alone first: most new prompts miss there, and converting all of a long prompt's ids would be
         # most of their lookup. A hit converts the rest in one go.
-        first = _page_bytes(token_ids, 1, self.page_size)
-        if self.cached.get(_hash(None, first[0])) is None:
+        first = _hash(None, _page_bytes(token_ids, 1, self.page_size)[0])
+        if self.cached.get(first) is None:
             return pages, hashes
-        for data in _page_bytes(token_ids, num_pages, self.page_size):
-            h = _hash(parent, data)
+        for i, data in enumerate(_page_bytes(token_ids, num_pages, self.page_size)):
+            h = first if i == 0 else _hash(parent, data)
             pid = self.cached.get(h)
             if pid is None or self.pages[pid].data != data:
                 break
