@@ -23,7 +23,8 @@ _NAN_KEY = 0x7FFFFFFF
 
 class _Scratch:
     """Winners workspace and zeroed arrival counters of a device, never freed (a captured graph keeps their
-    addresses; the counters reset themselves)."""
+    addresses; the counters reset themselves). Shared by every launch on the device, one at a time: not from two
+    streams at once (as DecodeAttention's workspace; the runner's steps run on one stream)."""
 
     def __init__(self, device: torch.device, rows: int, chunks: int) -> None:
         self.rows, self.chunks = rows, chunks
