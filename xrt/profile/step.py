@@ -1,12 +1,14 @@
 """profile.mode=step (any device): where a step's time goes on the host and on the device, per batch.
-- The runner's prefill of `batch` fresh sequences of input_len tokens, part by part: prepare, plan, the
+- The runner's eager prefill of `batch` fresh sequences of input_len tokens, part by part: prepare, plan, the
   forward as the host sees it (on a GPU, the launch time of every kernel) beside its device time (host >
   device: launches are the bottleneck), logits, the whole step synchronized; with the other threads' CPU
-  time and the garbage collector's during those steps.
-- The engine's prefill step and decode steps (median) as users run them, and the torch profiler's top ops.
+  time and the garbage collector's during those steps. This is the path of a prefill no graph fits (a cached
+  prefix, a chunk, more sequences or tokens than the prefill graphs take), not of one that replays a graph.
+- The engine's prefill step and decode steps (median) as users run them (with executor=cudagraph, the prefill
+  graph where one fits), and the torch profiler's top ops.
 Once per run: process state, a Python loop and a kernel launch timed before and after building the runner,
 and the host cost of an xrt op call through its entry point against its implementation. Compare executors
-with one run each (`executor=eager`, `executor=cudagraph`): the prefill code path is the same."""
+with one run each (`executor=eager`, `executor=cudagraph`)."""
 
 from __future__ import annotations
 
