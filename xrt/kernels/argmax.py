@@ -18,7 +18,6 @@ from xrt.kernels.launch import pdl_enter, pdl_launch
 # Logits per program: a 152k vocabulary in 38 programs a row, 16 values a thread at 8 warps.
 _CHUNK = 4096
 _NUM_WARPS = 8
-_NAN_KEY = 0x7FFFFFFF
 
 
 class _Scratch:

@@ -20,16 +20,17 @@ def kernel_table(prof: profile, steps: int, rows: int) -> list[str]:
     busy span: its end past the latest end of the kernels that started before it, the gap before it included.
     Kernels overlapping under PDL each count their whole duration in us/step (waits included) but only the span
     they extend in exposed, which sums to the steps' GPU time: where a step's time goes. Largest exposed first."""
-    kernels = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: (e.time_range.start, e.time_range.end))
     per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
-    horizon = None
-    for ev in sorted(kernels, key=lambda e: (e.time_range.start, e.time_range.end)):
+    horizon = kernels[0].time_range.start if kernels else 0.0  # the first kernel exposes its own duration
+    for ev in kernels:
         start, end = ev.time_range.start, ev.time_range.end
         entry = per_name[ev.name[:90]]
         entry[0] += end - start
-        entry[1] += max(0.0, end - (start if horizon is None else horizon))
+        entry[1] += max(0.0, end - horizon)
         entry[2] += 1
-        horizon = end if horizon is None else max(horizon, end)
+        horizon = max(horizon, end)
     total = sum(v[0] for v in per_name.values()) / steps
     exposed = sum(v[1] for v in per_name.values()) / steps
     top = sorted(per_name.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:rows]
