@@ -5,7 +5,8 @@
   time and the garbage collector's during those steps. This is the path of a prefill no graph fits (a cached
   prefix, a chunk, more sequences or tokens than the prefill graphs take), not of one that replays a graph.
 - The engine's prefill step and decode steps (median) as users run them (with executor=cudagraph, the prefill
-  graph where one fits), and the torch profiler's top ops.
+  graph where one fits), the prefill step part by part (xrt.profile.prefill_parts: host parts, and on CUDA the
+  device idle before the graph, the graph, the tail), and the torch profiler's top ops.
 Once per run: process state, a Python loop and a kernel launch timed before and after building the runner,
 and the host cost of an xrt op call through its entry point against its implementation. Compare executors
 with one run each (`executor=eager`, `executor=cudagraph`)."""
@@ -27,6 +28,7 @@ from xrt.executor.factory import build_runner
 from xrt.executor.runner import ModelRunner
 from xrt.profile import process
 from xrt.profile.kernel_sum import activities, top_ops
+from xrt.profile.prefill_parts import report, time_prefill_steps
 from xrt.profile.runner_parts import describe, num_layers, sync, time_prefill_parts
 from xrt.profile.setup import Emit, fresh_prefill, header, profile_config
 
@@ -102,8 +104,10 @@ def engine_steps(engine: LLMEngine, cfg: XrtConfig, batch: int, rng: random.Rand
         engine.step()
         sync(device)
     drain()
+    time_prefill_steps(engine, batch, p.input_len, p.warmup, rng)
+    parts = report(time_prefill_steps(engine, batch, p.input_len, p.iters, rng))
     lines = [f"### engine: prefill step {prefill_ms:.2f} ms; decode step median {times[len(times) // 2]:.3f} ms "
-             f"(min {times[0]:.3f}, {p.iters} steps)"]
+             f"(min {times[0]:.3f}, {p.iters} steps)", "", *parts]
     if p.rows:
         by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         lines += ["", "prefill (one step):", top_ops(prof_prefill, by, p.rows),
