@@ -31,8 +31,8 @@ from xrt.config import (
     SchedulerArgs,
     XrtConfig,
 )
-from xrt.executor.graphs.capture import RerunCapture
-from xrt.executor.graphs.prefill import prefill_reserve, static_bytes
+from xrt.executor.graphs.capture import RerunCapture, RerunGraph
+from xrt.executor.graphs.prefill import GraphChain, prefill_reserve, static_bytes
 from xrt.executor.graphs.prefill_inputs import (
     PrefillShapes,
     default_token_buckets,
@@ -286,12 +286,14 @@ class Spy:
         return out
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[tuple[Any, Any, Spy]]:
+# executor.prefill_graph_head_layers: one graph a shape; a head of 1 of the 2 layers and a tail; all layers in
+# the head (the tail is the final norm and lm_head).
+@pytest.fixture(scope="module", params=[0, 1, 2], ids=lambda n: f"head{n}")
+def sim(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any, Spy]]:
     from xrt.engine.llm import LLM
 
     eager = LLM(sim_config(ExecutorKind.EAGER))
-    cfg = sim_config(ExecutorKind.CUDAGRAPH)
+    cfg = sim_config(ExecutorKind.CUDAGRAPH, prefill_graph_head_layers=request.param)
     graph = LLM(engine_config(cfg), runner=graph_runner(cfg))
     for llm in (eager, graph):
         widen_weights(llm.engine.runner.model)
@@ -304,7 +306,12 @@ def generations(llm: Any, prompts: list[list[int]], sampling: list[SamplingArgs]
 
 def test_graphs_captured_for_every_shape(sim: tuple[Any, Any, Spy]) -> None:
     runner = sim[1].engine.runner
-    assert sorted(runner.prefill_graphs.graphs) == sorted((s, t) for s in (1, 2, 4, 8) for t in (32, 64, 128))
+    graphs = runner.prefill_graphs
+    assert sorted(graphs.graphs) == sorted((s, t) for s in (1, 2, 4, 8) for t in (32, 64, 128))
+    for graph in graphs.graphs.values():  # a head and a tail, or one graph
+        assert isinstance(graph, GraphChain) == (graphs.head_layers > 0)
+        assert len(graph.graphs) == 2 if isinstance(graph, GraphChain) else isinstance(graph, RerunGraph)
+    assert not graphs._between  # no head's output held after the captures
     assert sorted(runner.decode_graphs.graphs) == [1, 2, 4, 8, 16]  # the decode graphs as before
     assert runner.decode_capacity == 16
     eager = sim[0].engine.runner

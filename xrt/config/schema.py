@@ -187,6 +187,13 @@ class ExecutorArgs:
         8, help="most sequences in a replayed prefill; graphs for 1, 2, 4, ... up to it",
         validator=[ge(1), le(INT32_MAX)],
     )
+    prefill_graph_head_layers: int = field(
+        2,
+        help="each prefill shape is captured as two graphs, the embedding and this many layers, then the rest: the "
+        "device runs the short head while the host launches the long tail (launching one graph costs host time per "
+        "kernel, with the device idle until it is in); 0: one graph (figures: bench/NOTES.md)",
+        validator=[ge(0), le(INT32_MAX)],
+    )
     pdl: bool = field(
         True,
         help="programmatic dependent launch for xrt's Triton kernels on Hopper+: a kernel starts while the one "

@@ -193,7 +193,7 @@ class ModelRunner:
         self.decode_capacity = buckets.largest if ex.capture_sampling else 0
         if prefill_shapes is not None:
             # After the decode graphs, into the same memory pool.
-            self.prefill_graphs = PrefillGraphs(parts, prefill_shapes)
+            self.prefill_graphs = PrefillGraphs(parts, prefill_shapes, ex.prefill_graph_head_layers)
             self.prefill_graphs.capture()
 
     @functools.cached_property

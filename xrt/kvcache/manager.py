@@ -89,7 +89,7 @@ class KVCacheManager:
         # Ascending: which free page holds which position does not matter to attention, and runs of consecutive
         # pages make a KV tier's copy of a chunk one strided copy instead of one per page (the free list hands
         # a freed sequence's pages back tail first, descending).
-        seq.page_table.extend(sorted(pool.take() for _ in range(self.pages_for(len(seq.token_ids)) - len(hit.pages))))
+        seq.page_table.extend(sorted(pool.take_many(self.pages_for(len(seq.token_ids)) - len(hit.pages))))
         self.tables.assign(seq)
         seq.num_cached_tokens = hit.num_tokens
         seq.cached_tokens = {"gpu": hit.num_tokens}

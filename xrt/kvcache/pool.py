@@ -93,17 +93,26 @@ class PagePool:
 
     def take(self) -> int:
         """A page for new KV: the front of the free list, whose prefix-cache key is evicted."""
-        if not self.free:
+        return self.take_many(1)[0]
+
+    def take_many(self, n: int) -> list[int]:
+        """n pages as `take` hands them out, in that order (one loop: a prompt's pages are taken on the way to its
+        first token)."""
+        free, pages, cached = self.free, self.pages, self.cached
+        if len(free) < n:
             raise RuntimeError("no free KV page (the scheduler must check can_allocate/can_append first)")
-        pid, _ = self.free.popitem(last=False)
-        page = self.pages[pid]
-        if page.hash is not None:  # evict its key (inline: this runs for every page handed out)
-            if self.cached.get(page.hash) == pid:
-                del self.cached[page.hash]
-            page.hash = None
-            page.data = b""
-        page.ref_count = 1
-        return pid
+        out = []
+        for _ in range(n):
+            pid, _ = free.popitem(last=False)
+            page = pages[pid]
+            if page.hash is not None:  # evict its key
+                if cached.get(page.hash) == pid:
+                    del cached[page.hash]
+                page.hash = None
+                page.data = b""
+            page.ref_count = 1
+            out.append(pid)
+        return out
 
     def release(self, page_ids: Iterable[int]) -> None:
         """Drop one holder of each page; unheld, unpinned pages join the back of the free list in this order."""

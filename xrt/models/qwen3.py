@@ -3,6 +3,7 @@ q/k RMSNorm, gated MLP, optional tied LM head. Weight names follow the HF checkp
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 import torch
@@ -76,10 +77,17 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual: torch.Tensor | None = None
-        for layer in self.layers:
+        hidden, residual = self.run_layers(positions, self.embed_tokens(input_ids), None, 0, len(self.layers))
+        return self.final_norm(hidden, residual)
+
+    def run_layers(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, start: int,
+                   end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layers [start, end) over (layer output, residual stream before it); residual None before layer 0."""
+        for layer in itertools.islice(self.layers, start, end):
             hidden, residual = layer(positions, hidden, residual)
+        return hidden, residual
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         if residual is None:
             return self.norm(hidden)
         hidden, _ = self.norm.add_forward(hidden, residual)
@@ -112,6 +120,18 @@ class Qwen3ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    def forward_head(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The forward pass split in two (a prefill graph's head, `xrt.executor.graphs.prefill`): the embedding
+        and the first num_layers layers; forward_tail(positions, *forward_head(ids, positions, n), n) == forward."""
+        return self.model.run_layers(positions, self.model.embed_tokens(input_ids), None, 0, num_layers)
+
+    def forward_tail(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                     first_layer: int) -> torch.Tensor:
+        """The layers from first_layer on and the final norm."""
+        model = self.model
+        return model.final_norm(*model.run_layers(positions, hidden, residual, first_layer, len(model.layers)))
 
     def compute_logits(self, hidden: torch.Tensor, pdl: bool = True) -> torch.Tensor:
         """Logits of `hidden`'s rows; pdl: the forward pass's ForwardContext.pdl (this runs outside it)."""

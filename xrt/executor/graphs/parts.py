@@ -32,6 +32,12 @@ class GraphModel(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
 
+    def forward_head(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def forward_tail(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                     first_layer: int) -> torch.Tensor: ...
+
     def compute_logits(self, hidden: torch.Tensor, pdl: bool = True) -> torch.Tensor: ...
 
 
@@ -53,6 +59,17 @@ class GraphParts:
                 kv_ready: Sequence[torch.cuda.Event | None] | None = None, pdl: bool = True) -> torch.Tensor:
         with forward_context(meta, self.backend, kv_ready, pdl):
             return self.model(input_ids, meta.positions)
+
+    def forward_head(self, input_ids: torch.Tensor, meta: AttentionMetadata, num_layers: int
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` up to layer num_layers: (its output, the residual stream), what forward_tail continues from."""
+        with forward_context(meta, self.backend):
+            return self.model.forward_head(input_ids, meta.positions, num_layers)
+
+    def forward_tail(self, hidden: torch.Tensor, residual: torch.Tensor | None, meta: AttentionMetadata,
+                     first_layer: int) -> torch.Tensor:
+        with forward_context(meta, self.backend):
+            return self.model.forward_tail(meta.positions, hidden, residual, first_layer)
 
     def logits_into(self, hidden: torch.Tensor, logits: torch.Tensor, argmax: torch.Tensor, pdl: bool = True) -> None:
         """lm_head of `hidden` into the static `logits`, and with argmax its greedy tokens into `argmax`; pdl: the

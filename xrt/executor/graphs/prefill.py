@@ -23,6 +23,21 @@ from xrt.units import GiB
 log = get_logger(__name__)
 
 
+# The parts of a prefill shape's computation a graph is captured for.
+PART_ALL, PART_HEAD, PART_TAIL = 0, 1, 2
+
+
+class GraphChain:
+    """Graphs replayed back to back as one: a prefill shape's head and tail."""
+
+    def __init__(self, graphs: list[Graph]) -> None:
+        self.graphs = graphs
+
+    def replay(self) -> None:
+        for graph in self.graphs:
+            graph.replay()
+
+
 class PrefillGraphs:
     """Static inputs, captured graphs and replay of the prefill shapes. One pinned host block and one
     device block int64 [3 * max_tokens + max_seqs]: a graph of T tokens and S sequences reads token
@@ -30,9 +45,13 @@ class PrefillGraphs:
     step is one contiguous upload. Logits [max_seqs, vocab] (model dtype) and greedy tokens are
     static outputs; a replay's rows are valid until the next forward pass."""
 
-    def __init__(self, parts: GraphParts, shapes: PrefillShapes) -> None:
+    def __init__(self, parts: GraphParts, shapes: PrefillShapes, head_layers: int = 0) -> None:
+        """head_layers: executor.prefill_graph_head_layers (0: one graph a shape)."""
         self.parts = parts
         self.shapes = shapes
+        self.head_layers = head_layers
+        # Between a shape's head and tail (captures, warm-ups and CPU re-runs): the head's (hidden, residual).
+        self._between: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
         s_max, t_max = shapes.max_seqs, shapes.max_tokens
         device = parts.device
         self.flat = StagedBuffer((3 * t_max + s_max,), torch.int64, device)
@@ -78,13 +97,28 @@ class PrefillGraphs:
         stage_padding(*shape, self.flat.np, self.qo_np)
         self._prepare(*shape)
 
-    def _body(self, shape: tuple[int, int], meta: AttentionMetadata) -> None:
-        """The captured computation: forward over every token slot, lm_head over the gathered rows
-        into the static logits, greedy argmax."""
+    def _body(self, key: tuple[tuple[int, int], int], meta: AttentionMetadata) -> None:
+        """The captured computation of a shape's part (PART_ALL, PART_HEAD, PART_TAIL): forward over every token
+        slot, lm_head over the gathered rows into the static logits, greedy argmax. A head leaves its output in
+        _between for its tail: tensors of the graphs' pool, which no other graph can overwrite in between, as
+        nothing replays between a head and its tail, and which later captures may reuse as every replay of the
+        head writes them again before its tail reads them."""
+        shape, part = key
         seqs, tokens = shape
-        hidden = self.parts.forward(self.flat.dev[:tokens], meta)
+        if part == PART_HEAD:
+            self._between[shape] = self.parts.forward_head(self.flat.dev[:tokens], meta, self.head_layers)
+            return
+        if part == PART_TAIL:
+            hidden = self.parts.forward_tail(*self._between.pop(shape), meta, self.head_layers)
+        else:
+            hidden = self.parts.forward(self.flat.dev[:tokens], meta)
         rows = hidden.index_select(0, meta.logits_indices)
         self.parts.logits_into(rows, self.logits[:seqs], self.argmax[:seqs])
+
+    def _keys(self) -> list[tuple[tuple[int, int], int]]:
+        """(shape, part) in capture order: a shape's head right before its tail."""
+        parts = (PART_HEAD, PART_TAIL) if self.head_layers > 0 else (PART_ALL,)
+        return [(shape, part) for shape in self.shapes.all() for part in parts]
 
     def capture(self) -> None:
         shapes = self.shapes.all()
@@ -94,13 +128,17 @@ class PrefillGraphs:
             metas = {shape: self._meta(*shape, qo_static) for shape in shapes}
             # Each graph's attention fixes its row count at its first preparation: always `tokens` rows.
             captured = capture_each(
-                parts.capture, shapes, self._prepare_capture, lambda shape: self._body(shape, metas[shape]),
-                "capturing prefill CUDA graphs",
+                parts.capture, self._keys(), lambda key: self._prepare_capture(key[0]),
+                lambda key: self._body(key, metas[key[0]]), "capturing prefill CUDA graphs",
             )
-        self.graphs = {shape: graph for shape, (graph, _) in captured.items()}
+        chains: dict[tuple[int, int], list[Graph]] = {}
+        for (shape, _), (graph, _) in captured.items():
+            chains.setdefault(shape, []).append(graph)
+        self.graphs = {shape: chain[0] if len(chain) == 1 else GraphChain(chain) for shape, chain in chains.items()}
+        split = f", each as a head of {self.head_layers} layers and a tail" if self.head_layers > 0 else ""
         log.info(
             f"captured {len(shapes)} prefill CUDA graphs (sequences {list(self.shapes.seq_sizes)} x tokens "
-            f"{list(self.shapes.token_sizes)}) in {took.seconds:.1f} s using {took.bytes / GiB:.3f} GiB"
+            f"{list(self.shapes.token_sizes)}{split}) in {took.seconds:.1f} s using {took.bytes / GiB:.3f} GiB"
         )
 
     def run(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor | None] | None:
