@@ -147,11 +147,13 @@ def packed_step(
     return q, k, v, kv_cache
 
 
-def test_ragged_prefill_matches_reference(device: torch.device) -> None:
+@pytest.mark.parametrize("kernel", ["auto", "fa2", "fa3"])
+def test_ragged_prefill_matches_reference(device: torch.device, kernel: str) -> None:
+    """Every kernel executor.prefill_attention can pick."""
     heads, kv_heads = HEADS[0]
     meta = build_meta(PREFILL_NO_PREFIX, PAGE_SIZE, NUM_PAGES, device, torch.Generator().manual_seed(4), True)
     q, k, v, kv_cache = packed_step(meta, heads, kv_heads, torch.bfloat16, device, seed=3)
-    backend = make_backend(heads, kv_heads, torch.bfloat16, device, ragged_prefill=True)
+    backend = make_backend(heads, kv_heads, torch.bfloat16, device, ragged_prefill=True, prefill_kernel=kernel)
     backend.plan(meta)
     with pytest.raises(ValueError, match="needs this step's k and v"):
         backend.forward(q, kv_cache, 0, HEAD_DIM**-0.5)

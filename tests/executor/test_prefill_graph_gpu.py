@@ -21,6 +21,7 @@ from xrt.config import (
     ExecutorKind,
     LoadFormat,
     ModelArgs,
+    PrefillAttention,
     SamplingArgs,
     SchedulerArgs,
     XrtConfig,
@@ -36,7 +37,7 @@ NUM_PAGES = 4096
 MAX_TOKENS = 1024  # token buckets 256, 512, 1024; sequence buckets 1, 2, 4, 8
 
 
-def config(kind: ExecutorKind) -> XrtConfig:
+def config(kind: ExecutorKind, prefill_attention: PrefillAttention = PrefillAttention.AUTO) -> XrtConfig:
     model = ModelArgs(
         name="graph-tiny", vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, rope_theta=10000.0,
@@ -46,7 +47,8 @@ def config(kind: ExecutorKind) -> XrtConfig:
     return XrtConfig(
         model=model,
         executor=ExecutorArgs(
-            kind=kind, max_batch=8, prefill_graph=kind is ExecutorKind.CUDAGRAPH, prefill_graph_max_tokens=MAX_TOKENS
+            kind=kind, max_batch=8, prefill_graph=kind is ExecutorKind.CUDAGRAPH, prefill_graph_max_tokens=MAX_TOKENS,
+            prefill_attention=prefill_attention,
         ),
         cache=CacheArgs(page_size=PAGE_SIZE, num_pages=NUM_PAGES, prefix_caching=True),
         scheduler=SchedulerArgs(max_batched_tokens=MAX_TOKENS),
@@ -195,3 +197,26 @@ def test_replayed_logits_against_eager_on_the_same_runner(
         assert diff < 2e-2 * want.abs().max().item(), f"{lengths}: max |graph - eager| = {diff:.3e}"
     assert runner.last_argmax is not None
     assert torch.equal(runner.last_argmax, got.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("kernel", [PrefillAttention.FA2, PrefillAttention.FA3])
+def test_prefill_attention_kernel_replays_and_matches_the_default(llms: tuple[Any, Any, Spy],
+                                                                  kernel: PrefillAttention) -> None:
+    """executor.prefill_attention picks FlashInfer's kernel for the eager and the graph prefill alike: a runner
+    built with it replays the same logits as its own eager path, bit for bit at an exact fit, and close to the
+    default runner's (another kernel: another summation order)."""
+    from xrt.engine.llm import LLM
+
+    runner = LLM(config(ExecutorKind.CUDAGRAPH, kernel)).engine.runner
+    default = llms[1].engine.runner
+    for lengths, exact in [([1024], True), ([7, 300, 50], False)]:
+        step = fresh_prefill(lengths, random.Random(77 + len(lengths)), frozenset())
+        want = runner.execute_eager(step).clone()
+        replays = runner.prefill_graphs.replays
+        got = runner.execute(step).clone()
+        assert runner.prefill_graphs.replays == replays + 1, f"{lengths}: the step did not replay a graph"
+        if exact:
+            assert torch.equal(got, want), f"{kernel.value} {lengths}: graph and eager differ"
+        ref = default.execute_eager(step)
+        diff = (got - ref).abs().max().item()
+        assert diff < 2e-2 * ref.abs().max().item(), f"{kernel.value} {lengths}: max |x - auto| = {diff:.3e}"

@@ -183,6 +183,7 @@ def recording_backend() -> FlashInferBackend:
     backend._heads = (4, 2, 128)
     backend.dtype = backend.kv_dtype = torch.bfloat16
     backend.scale = 128**-0.5
+    backend.prefill_kernel = "fa2"
     backend.plans = 0
     backend._set_active(None, "")
     return backend
@@ -196,6 +197,7 @@ def test_graph_prefill_wrappers_share_buffers_and_replan_only_when_needed() -> N
     wrappers = backend._graph_prefill
     for (entries, _), w in wrappers.items():
         assert w.kwargs["use_cuda_graph"] is True
+        assert w.kwargs["backend"] == "fa2"  # executor.prefill_attention, as the backend was built with
         assert w.kwargs["qo_indptr_buf"].numel() == w.kwargs["kv_indptr_buf"].numel() == entries + 1
         assert w.kwargs["qo_indptr_buf"].data_ptr() == bufs.qo_indptr.data_ptr()
         assert w.int_workspace is bufs.int_workspace  # one integer workspace for all of them

@@ -79,9 +79,11 @@ class FlashInferBackend:
         ragged_prefill: bool = False,
         max_pages_per_seq: int = 0,
         fuse_qk_norm_rope: bool = False,
+        prefill_kernel: str = "auto",
     ) -> None:
         """fuse_qk_norm_rope: the small-batch Triton decode does the layers' q/k norm, RoPE and KV write itself
-        (executor.fuse_qk_norm_rope; `fuses_qk_norm_rope`)."""
+        (executor.fuse_qk_norm_rope; `fuses_qk_norm_rope`). prefill_kernel: FlashInfer's backend of the ragged
+        prefill wrappers, eager and graph (executor.prefill_attention: auto, fa2, fa3)."""
         dtype, head_dim = shape.dtype, shape.head_dim
         reason = unsupported_reason(dtype, head_dim) or unsupported_reason(kv_dtype or dtype, head_dim)
         if reason:
@@ -100,6 +102,7 @@ class FlashInferBackend:
         self.device = torch.device(shape.device)
         self.scale = 1.0 / math.sqrt(head_dim)
         self.ragged_prefill = ragged_prefill
+        self.prefill_kernel = prefill_kernel
         # Programmatic dependent launch (Hopper+), decided once: FlashInfer would query the device on every run.
         self.enable_pdl = torch.cuda.get_device_capability(self.device)[0] >= 9
         self.tensor_cores = use_tensor_cores(shape.num_heads, shape.num_kv_heads)
@@ -111,7 +114,8 @@ class FlashInferBackend:
         )
         self._paged_prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, KV_LAYOUT)
         self._ragged_prefill = (
-            fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, KV_LAYOUT) if ragged_prefill else None
+            fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, KV_LAYOUT, backend=prefill_kernel)
+            if ragged_prefill else None
         )
         self._graph_decode: dict[int, Any] = {}
         self._graph_decode_buffers: GraphDecodeBuffers | None = None
@@ -250,6 +254,7 @@ class FlashInferBackend:
                 use_cuda_graph=True,
                 qo_indptr_buf=bufs.qo_indptr[: entries + 1],
                 kv_indptr_buf=bufs.kv_indptr[: entries + 1],
+                backend=self.prefill_kernel,
             )
             wrapper.reset_workspace_buffer(self.workspace, bufs.int_workspace)
             self._graph_prefill[(entries, tokens)] = wrapper

@@ -53,6 +53,14 @@ class ExecutorKind(enum.Enum):
     CUDAGRAPH = "cudagraph"
 
 
+class PrefillAttention(enum.Enum):
+    """FlashInfer's kernel for the ragged prefill of fresh prompts (FlashInfer's own backend names)."""
+
+    AUTO = "auto"
+    FA2 = "fa2"
+    FA3 = "fa3"
+
+
 class ParallelBackend(enum.Enum):
     AUTO = "auto"
     NCCL = "nccl"
@@ -169,6 +177,12 @@ class ExecutorArgs:
         True, help="cudagraph: the host prepares decode step N+1 while the GPU runs step N (greedy batches)"
     )
     workspace_mb: int = field(256, help="FlashInfer workspace size", unit="MiB", validator=ge(16))
+    prefill_attention: PrefillAttention = field(
+        PrefillAttention.AUTO,
+        help="FlashInfer kernel of the ragged prefill (fresh prompts, eager and graph): fa3 (Hopper's TMA / wgmma "
+        "kernel), fa2 (mma.sync; its planner may split a short batch's keys over more CTAs), auto (FlashInfer's "
+        "pick: fa3 on Hopper) (figures: bench/NOTES.md)",
+    )
     prefill_graph: bool = field(
         False,
         help="cudagraph: replay captured prefill graphs for batches of fresh prompts (no cached prefix) up to "

@@ -125,8 +125,9 @@ class ModelRunner:
         first = self.attention_layers[0]
         shape = AttentionShape(first.num_heads, first.num_kv_heads, first.head_dim, self.page_size, self.dtype,
                                self.device)
-        self.backend: AttentionBackend = make_backend(shape, self.cfg.executor.workspace_mb, self.max_pages_per_seq,
-                                                      self.cfg.executor.fuse_qk_norm_rope)
+        ex = self.cfg.executor
+        self.backend: AttentionBackend = make_backend(shape, ex.workspace_mb, self.max_pages_per_seq,
+                                                      ex.fuse_qk_norm_rope, ex.prefill_attention.value)
         requirement = self.backend.graph_requirement() if graphs else None
         if requirement:
             raise ValueError(f"executor.kind: cudagraph needs {requirement}; use executor=eager")
