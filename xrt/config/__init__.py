@@ -18,6 +18,7 @@ from xrt.config.schema import (
     ModelArgs,
     ParallelArgs,
     ParallelBackend,
+    PrefillAttention,
     SamplingArgs,
     SchedulerArgs,
     XrtConfig,
@@ -28,6 +29,6 @@ from xrt.config.serve import ServeArgs
 __all__ = [
     "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
     "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "L2LoadPolicy", "LoadFormat", "LogLevel",
-    "ModelArgs", "ParallelArgs", "ParallelBackend", "Problems", "ProfileArgs", "SamplingArgs", "SchedulerArgs",
-    "ServeArgs", "XrtConfig", "runtime_check",
+    "ModelArgs", "ParallelArgs", "ParallelBackend", "PrefillAttention", "Problems", "ProfileArgs", "SamplingArgs",
+    "SchedulerArgs", "ServeArgs", "XrtConfig", "runtime_check",
 ]
