@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from xrt.attention.flashinfer import FlashInferBackend
+from xrt.attention.flashinfer import FlashInferBackend, check_prefill_kernel
 from xrt.config import (
     CacheArgs,
     Device,
@@ -425,3 +425,15 @@ def test_kv_cache_leaves_room_for_the_prefill_graphs() -> None:
     assert leave_reserve(1000, per_page, got) == 1000 - -(-(pool + reserve) // per_page)
     with pytest.raises(ValueError, match=r"^executor.prefill_graph_max_tokens: prefill graphs of 128 tokens"):
         leave_reserve(1000, per_page, prefill_reserve(shapes, 10**12, reserve))
+
+
+@pytest.mark.parametrize("kernel", ["auto", "fa2", "fa3"])
+def test_prefill_kernel_checked_against_the_device(kernel: str) -> None:
+    """executor.prefill_attention=fa3 on a GPU older than Hopper is refused in one line naming the field; every
+    kernel is accepted on Hopper, and auto and fa2 everywhere."""
+    check_prefill_kernel(kernel, (9, 0))
+    if kernel != "fa3":
+        check_prefill_kernel(kernel, (8, 0))
+        return
+    with pytest.raises(ValueError, match=r"^executor.prefill_attention: fa3 needs a Hopper .* this one is sm_86; use "):
+        check_prefill_kernel(kernel, (8, 6))

@@ -51,6 +51,16 @@ def unsupported_reason(dtype: torch.dtype, head_dim: int) -> str | None:
     return None
 
 
+def check_prefill_kernel(kernel: str, capability: tuple[int, int]) -> None:
+    """executor.prefill_attention against the device: FlashInfer's fa3 kernels exist for sm_90+ only, and would
+    otherwise fail at the first prefill, deep in FlashInfer."""
+    if kernel == "fa3" and capability[0] < 9:
+        raise ValueError(
+            f"executor.prefill_attention: fa3 needs a Hopper or newer GPU (sm_90+), this one is "
+            f"sm_{capability[0]}{capability[1]}; use auto or fa2"
+        )
+
+
 def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     # Same rule as sglang: the tensor-core (prefill-kernel) decode pays off from GQA groups of 4.
     return num_heads // num_kv_heads >= 4
@@ -104,7 +114,9 @@ class FlashInferBackend:
         self.ragged_prefill = ragged_prefill
         self.prefill_kernel = prefill_kernel
         # Programmatic dependent launch (Hopper+), decided once: FlashInfer would query the device on every run.
-        self.enable_pdl = torch.cuda.get_device_capability(self.device)[0] >= 9
+        capability = torch.cuda.get_device_capability(self.device)
+        self.enable_pdl = capability[0] >= 9
+        check_prefill_kernel(prefill_kernel, capability)
         self.tensor_cores = use_tensor_cores(shape.num_heads, shape.num_kv_heads)
         # Zeroed: FlashInfer requires the float workspace be zero-initialised before its first use.
         self.workspace = torch.zeros(workspace_mb << 20, dtype=torch.uint8, device=self.device)

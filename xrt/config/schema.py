@@ -180,8 +180,8 @@ class ExecutorArgs:
     prefill_attention: PrefillAttention = field(
         PrefillAttention.AUTO,
         help="FlashInfer kernel of the ragged prefill (fresh prompts, eager and graph): fa3 (Hopper's TMA / wgmma "
-        "kernel), fa2 (mma.sync; its planner may split a short batch's keys over more CTAs), auto (FlashInfer's "
-        "pick: fa3 on Hopper) (figures: bench/NOTES.md)",
+        "kernel, sm_90+), fa2 (mma.sync, any CUDA GPU; measured slower on Hopper), auto (FlashInfer's pick: fa3 on "
+        "Hopper) (figures: bench/NOTES.md)",
     )
     prefill_graph: bool = field(
         False,
