@@ -41,6 +41,13 @@ class ServeArgs:
         "another) is taken without a wake-up, which costs a cold process tenths of a millisecond of its TTFT; one "
         "core is busy for that long after each burst of work. 0: sleep at once", unit="ms", validator=ge(0),
     )
+    freeze_gc: bool = field(
+        True, help="once started, freeze what start-up made (modules, the model's Python objects, the config) out of "
+        "the garbage collector's reach in the HTTP and the engine's process (gc.freeze), as vLLM and SGLang do: a full "
+        "collection while serving then walks only what serving made, instead of holding up a step or every stream "
+        "for as long as it takes to walk the whole heap (figures: bench/results/cpu-issue24-s26); the frozen "
+        "objects are collected again once the server stops",
+    )
     http_spin_ms: float = field(
         10.0, help="with serve.engine_process, the HTTP process's event loop polls instead of sleeping while requests "
         "are live and for this long after the last one ends, so a step's tokens (and the next request of a client "

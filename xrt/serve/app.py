@@ -32,6 +32,7 @@ from xrt.serve.arrival import ARRIVAL
 from xrt.serve.client import EngineClient, EngineFailed
 from xrt.serve.errors import APIError, error_body
 from xrt.serve.front import Front
+from xrt.serve.gc_heap import freeze_heap, unfreeze_heap
 from xrt.serve.jobs import Job
 from xrt.serve.metrics import Metrics, openai_finish_reason
 from xrt.serve.prepare import Prepared, SamplingCache, prepare_chat, prepare_completion
@@ -52,6 +53,7 @@ class ServerState:
     draining: bool = False  # SIGTERM came: new requests get 503 while the ones in flight finish
     started: int = field(default_factory=lambda: int(time.time()))
     samplings: SamplingCache = field(init=False)  # a request's sampling over `sampling`
+    frozen_objects: int = 0  # how many this process froze once started (serve.freeze_gc)
 
     def __post_init__(self) -> None:
         self.samplings = SamplingCache(self.sampling)
@@ -92,8 +94,12 @@ def build_app(state: ServerState) -> Front:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.loop.start()
+        if state.args.freeze_gc:  # everything is up (the engine too, when it runs on a thread): serving starts
+            state.frozen_objects = freeze_heap()
         yield
         await state.loop.shutdown()  # after uvicorn's grace period: aborts whatever is left
+        if state.args.freeze_gc:
+            unfreeze_heap()
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -9,7 +9,8 @@ itself between steps (`PipeInbox`), and when it goes idle polls it for `serve.id
 side does the same (`serve.http_spin_ms`): its event loop polls while requests are live and that long after the
 last, so a step's message is read without a wake-up. Neither waits on the other's GIL.
 
-Start-up: the engine process loads the model and answers ("ready", admission) or ("error", line); `start_process`
+Start-up: the engine process loads the model, freezes its start-up heap (`serve.freeze_gc`, xrt.serve.gc_heap) and
+answers ("ready", admission, objects frozen) or ("error", line); `start_process`
 waits for that, so a server listens only once its model is up, and a bad model is one line and exit 2. The engine
 process ignores SIGINT and SIGTERM: the HTTP process drains and then stops it (a Ctrl-C reaches the whole process
 group). If the HTTP process goes away, the engine process sees its pipe close, aborts everything and exits; if the
@@ -37,6 +38,7 @@ from xrt.engine.tokenizer import Tokenizer
 from xrt.log import get_logger, set_level
 from xrt.serve.client import EngineClient
 from xrt.serve.core import Core, EngineState, Op
+from xrt.serve.gc_heap import freeze_heap
 from xrt.serve.jobs import Job
 from xrt.serve.metrics import Metrics
 from xrt.serve.wire import Frames, frame, recv, send
@@ -74,6 +76,7 @@ class ProcessEngine(EngineClient):
         self._closed = False
         self.spin_s = spin_s
         self._spinner: asyncio.Task[None] | None = None
+        self.frozen_objects = 0  # how many the engine's process froze after start-up (serve.freeze_gc)
 
     def submit(self, requests: list[Request], received: float | None = None, stream: bool = False) -> Job:
         job = super().submit(requests, received, stream)
@@ -187,7 +190,10 @@ def start_process(cfg: XrtConfig, tokenizer: Tokenizer | None, metrics: Metrics,
         proc.join(30.0)
         sock.close()
         raise EngineStartError(msg[1])
-    return ProcessEngine(proc, sock, msg[1], metrics, max_live, cfg.serve.http_spin_ms / 1e3)
+    engine = ProcessEngine(proc, sock, msg[1], metrics, max_live, cfg.serve.http_spin_ms / 1e3)
+    engine.frozen_objects = msg[2]
+    log.debug(f"the engine's process froze {msg[2]} objects of its start-up (serve.freeze_gc)")
+    return engine
 
 
 def _socket_of(conn: Connection) -> socket.socket:
@@ -217,7 +223,9 @@ def engine_main(cfg: XrtConfig, tokenizer: Tokenizer | None, conn: Connection) -
         sock.close()
         return
     try:
-        send(sock, ("ready", llm.engine.admission))
+        # Frozen once the model is up (graphs captured, kernels compiled): what serving makes is all a collection walks.
+        frozen = freeze_heap() if cfg.serve.freeze_gc else 0
+        send(sock, ("ready", llm.engine.admission, frozen))
         inbox = PipeInbox(sock, cfg.serve.idle_spin_ms / 1e3)
         Core(llm.engine, lambda items, state, at: _send_step(sock, items, state, at)).run(inbox)
         _send_quietly(sock, ("stopped",))
