@@ -80,6 +80,9 @@ def run(state: ServerState, sock: socket.socket, debug: bool = False) -> int:
     server = _Server(_config(state, debug), state)
     # uvicorn re-raises the signal it shut down on, to the handler it found: this one lets SIGTERM end in exit 0.
     previous = signal.signal(signal.SIGTERM, _ignore)
+    # Listening before the line that says so: a client that connects on it waits in the backlog while uvicorn's
+    # start-up (the lifespan: the engine's pipe, the heap frozen) finishes, instead of being refused.
+    sock.listen(server.config.backlog)
     log.info(f"serving {state.model_name} on {url_of(sock)} (OpenAI API under /v1, /metrics, /health)")
     try:
         server.run(sockets=[sock])
