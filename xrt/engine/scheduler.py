@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from xrt.config import SchedulerArgs
 from xrt.engine.sequence import SeqStatus, Sequence
 from xrt.executor.step import DecodeBatch, SeqChunk, StepInput
+from xrt.kvcache.interface import NO_HIT
 from xrt.kvcache.manager import KVCacheManager
 from xrt.kvcache.plan import TierPlan
 
@@ -166,7 +167,10 @@ class Scheduler:
             return None
         if self.waiting and len(self.running) < self.args.max_num_seqs:
             head = self.waiting[0]
-            if kv.can_allocate(head, kv.lookup(head.token_ids)):
+            # A prompt that fits without its cached prefix fits with it, so the prefix lookup (a hash walk over the
+            # whole prompt on a hit, and the tiers' match) is made only where free pages are short: otherwise the
+            # prefill's own `schedule` would walk it a second time on the way to the first token.
+            if kv.can_allocate(head, NO_HIT) or kv.can_allocate(head, kv.lookup(head.token_ids)):
                 return None
         seqs: list[Sequence] = []
         growing: list[Sequence] = []
