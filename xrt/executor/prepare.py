@@ -8,6 +8,7 @@ import torch
 
 from xrt.attention.metadata import AttentionMetadata, HostCSR
 from xrt.executor.step import StepInput
+from xrt.ids import int64_array
 
 
 def build_metadata(
@@ -52,7 +53,7 @@ def build_metadata(
 
     # Two host -> device copies per step (one per dtype) instead of one per tensor.
     n_tok, n_logits = len(token_ids), len(logits_indices)
-    int64s = [np.asarray(token_ids, dtype=np.int64), *_cat(positions), *_cat(slots),
+    int64s = [int64_array(token_ids), *_cat(positions), *_cat(slots),
               np.asarray(logits_indices, dtype=np.int64)]
     int32s = [qo_indptr, kv_indptr, np.asarray(kv_indices, dtype=np.int32), last_page_len, seq_lens]
     h64 = torch.from_numpy(np.concatenate(int64s))

@@ -11,14 +11,15 @@ never on the free list, so it is neither handed out nor evicted until its last u
 from __future__ import annotations
 
 import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from xrt.ids import int64_bytes
+
 
 def page_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
-    return _hash(parent, array("q", token_ids).tobytes())
+    return _hash(parent, int64_bytes(token_ids))
 
 
 def _hash(parent: bytes | None, data: bytes) -> bytes:
@@ -32,7 +33,7 @@ def _hash(parent: bytes | None, data: bytes) -> bytes:
 def _page_bytes(token_ids: list[int], num_pages: int, page_size: int) -> list[bytes]:
     """The token ids of the first num_pages pages as bytes, one string per page: one conversion for all of
     them (per page it was most of a lookup's host time: ~2 ms for an 8k-token prompt)."""
-    raw = array("q", token_ids[: num_pages * page_size]).tobytes()
+    raw = int64_bytes(token_ids[: num_pages * page_size])
     step = 8 * page_size
     return [raw[i * step : (i + 1) * step] for i in range(num_pages)]
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from xrt.config import ExecutorArgs
 from xrt.executor.step import SeqChunk, StepInput
+from xrt.ids import int64_array
 
 FIRST_TOKEN_BUCKET = 256
 
@@ -103,7 +104,7 @@ def stage_prefill(
         if end > tokens:
             raise ValueError(f"{step.num_tokens} tokens do not fit a prefill graph of {tokens}")
         pages = np.asarray(chunk.page_table[:num_pages], dtype=np.int64)
-        ids[start:end] = chunk.token_ids
+        ids[start:end] = int64_array(chunk.token_ids)
         pos[start:end] = np.arange(length)
         slots[start:end] = (pages[:, None] * page_size + np.arange(page_size)).ravel()[:length]
         qo_indptr[i + 1] = end
