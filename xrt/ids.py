@@ -1,8 +1,10 @@
-"""Token ids (Python ints) as int64: the one conversion the host does on the way to a first token."""
+"""Token ids (Python ints) as int64 bytes and arrays and back: conversions the host makes on the way to a first
+token (the pipe to the engine's process, the prefix cache's page keys, a step's staging)."""
 
 from __future__ import annotations
 
 import struct
+from array import array
 
 import numpy as np
 
@@ -16,3 +18,8 @@ def int64_bytes(ids: list[int]) -> bytes:
 def int64_array(ids: list[int]) -> np.ndarray:
     """ids as a read-only int64 numpy array (over `int64_bytes`)."""
     return np.frombuffer(int64_bytes(ids), dtype=np.int64)
+
+
+def int64_list(data: bytes) -> list[int]:
+    """`int64_bytes` back to a list."""
+    return array("q", data).tolist()

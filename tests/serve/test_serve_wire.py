@@ -35,6 +35,21 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_cut() -> None:
     assert got == objs
 
 
+def test_a_request_crosses_the_pipe_equal_with_its_ids_as_ints() -> None:
+    """Request pickles its prompt ids as int64 bytes (one string, not an opcode per int); the engine's side gets
+    back an equal Request whose ids are a list of ints, as the scheduler and the prefix cache take them."""
+    from xrt.config import SamplingArgs
+    from xrt.engine.request import Request
+
+    ids = [random.Random(1).randrange(0, 151_936) for _ in range(1024)]
+    sent = Request(ids, SamplingArgs(max_tokens=7, temperature=0.5, stop=["x"]), "a prompt")
+    (got,) = Frames().feed(frame(("add", 3, sent)))
+    assert got == ("add", 3, sent)
+    request = got[2]
+    assert type(request.prompt_token_ids) is list and all(type(i) is int for i in request.prompt_token_ids)
+    assert request.sampling.stop == ["x"] and request.prompt == "a prompt"
+
+
 def test_a_socket_pair_carries_frames_both_ways() -> None:
     a, b = socket.socketpair()
     with a, b:
