@@ -179,43 +179,47 @@ def test_partial_prefill_keeps_its_pages_while_decode_waits() -> None:
     assert nxt.step.seqs[0].start_pos == 5
 
 
-def _decoding_with_a_waiting_extension(num_pages: int, other: int = 0) -> tuple[Scheduler, list[Sequence], list[int]]:
+def _decoding_with_a_waiting_extension(num_pages: int, other: int = 0) -> tuple[Scheduler, list[Sequence], list[str]]:
     """A decoding 32-token sequence (8 keyed pages, the next step opens a 9th), another of `other` tokens when
     given, and, waiting, a 44-token prompt (11 pages) that starts with those 32 tokens: its cached prefix is 8
-    pages the running sequence holds. Returns the scheduler, the running sequences and a list that counts the KV
-    cache's prefix lookups."""
+    pages the running sequence holds. Returns the scheduler, the running sequences and a list that records the KV
+    cache's prefix matches from then on: "gpu" for the GPU prefix cache's, "tiers" for the tiers' (a full lookup
+    makes both, gpu first)."""
     s = make(num_pages=num_pages, budget=64)
     running = [add(s, 32, 0, max_tokens=8)] + ([add(s, other, 2, max_tokens=8, first=50)] if other else [])
     step = run_step(s)
     assert step is not None and step.step.is_prefill and not any(q.in_prefill for q in running)
     add(s, 44, 1)
-    lookups: list[int] = []
-    lookup = s.kv.lookup
-    s.kv.lookup = lambda ids: lookups.append(len(ids)) or lookup(ids)  # type: ignore[method-assign]
-    return s, running, lookups
+    matches: list[str] = []
+    kv, gpu_match, tier_match = s.kv, s.kv.gpu_match, s.kv.connector.match
+    kv.gpu_match = lambda ids: matches.append("gpu") or gpu_match(ids)  # type: ignore[method-assign]
+    kv.connector.match = lambda ids, gpu: matches.append("tiers") or tier_match(ids, gpu)  # type: ignore[method-assign]
+    return s, running, matches
 
 
 def test_an_overlapped_decode_yields_to_a_waiting_prompt_only_if_it_fits() -> None:
     """schedule_overlapped leaves the step to `schedule` (None: the waiting prompt's prefill goes first) exactly when
-    that prompt can be allocated, its cached prefix counted; it looks the prefix up only where the prompt does not
-    fit without it (a hash walk over the whole prompt, which the prefill's `schedule` makes anyway)."""
+    that prompt can be allocated, its cached prefix counted; it matches the prefix only where the prompt does not
+    fit without it (a hash walk over the whole prompt, which the prefill's `schedule` makes anyway), and only in the
+    GPU prefix cache, whose pages are all that counts there (the tiers' match keys the prompt's chunks)."""
     # 5 free pages: 11 do not fit without the prefix, the 3 past the 8 cached ones do.
-    s, _, lookups = _decoding_with_a_waiting_extension(13)
+    s, _, matches = _decoding_with_a_waiting_extension(13)
     assert s.kv.num_free_pages == 5
     assert s.schedule_overlapped(64) is None
-    assert lookups == [44]
+    assert matches == ["gpu"]
     step = s.schedule()
+    assert matches == ["gpu", "gpu", "tiers"]  # the prefill's admission: one full lookup
     assert step is not None and step.step.is_prefill and [q.request_id for q in step.seqs] == [1]
     assert step.seqs[0].num_cached_tokens == 32
     # 1 free page (another sequence holds 4): not even with the prefix, so the decode launches (the first
-    # sequence opens its 9th page).
-    s, running, lookups = _decoding_with_a_waiting_extension(13, other=14)
+    # sequence opens its 9th page), every step the cache stays full.
+    s, running, matches = _decoding_with_a_waiting_extension(13, other=14)
     assert s.kv.num_free_pages == 1
     assert s.schedule_overlapped(64) == running
-    assert lookups == [44] and len(running[0].page_table) == 9
-    # Free pages for all 11: the prefill goes first, with no lookup before its own.
-    s, _, lookups = _decoding_with_a_waiting_extension(40)
+    assert matches == ["gpu"] and len(running[0].page_table) == 9
+    # Free pages for all 11: the prefill goes first, with no match before its own.
+    s, _, matches = _decoding_with_a_waiting_extension(40)
     assert s.schedule_overlapped(64) is None
-    assert lookups == []
+    assert matches == []
     step = s.schedule()
-    assert step is not None and step.seqs[0].num_cached_tokens == 32 and lookups == [44]
+    assert step is not None and step.seqs[0].num_cached_tokens == 32 and matches == ["gpu", "tiers"]

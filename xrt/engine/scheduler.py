@@ -167,10 +167,12 @@ class Scheduler:
             return None
         if self.waiting and len(self.running) < self.args.max_num_seqs:
             head = self.waiting[0]
-            # A prompt that fits without its cached prefix fits with it, so the prefix lookup (a hash walk over the
-            # whole prompt on a hit, and the tiers' match) is made only where free pages are short: otherwise the
-            # prefill's own `schedule` would walk it a second time on the way to the first token.
-            if kv.can_allocate(head, NO_HIT) or kv.can_allocate(head, kv.lookup(head.token_ids)):
+            # A prompt that fits without its cached prefix fits with it, so the prefix is matched (a hash walk over
+            # the whole prompt on a hit) only where free pages are short: otherwise the prefill's own `schedule`
+            # would walk it a second time on the way to the first token. Only the GPU prefix cache's pages count
+            # there (what the tiers hold is loaded into fresh pages), so the tiers' match, which keys the prompt's
+            # chunks, is left out: under a full cache it would be made again at every step.
+            if kv.can_allocate(head, NO_HIT) or kv.can_allocate(head, kv.gpu_match(head.token_ids)):
                 return None
         seqs: list[Sequence] = []
         growing: list[Sequence] = []
