@@ -89,5 +89,5 @@ def test_key_cache_matches_chunk_keys_as_a_list_grows() -> None:
     assert cache.keys(tokens, 3) == chunk_keys(tokens, NS)
     third = [rng.randrange(1000) for _ in range(ct)]
     cache.keys(third, 1)  # past capacity 2: the oldest entry goes, and every list still gets its own keys
-    assert len(cache._entries) == 2
+    assert len(cache._known) == 2
     assert cache.keys(other, 3) == chunk_keys(other, NS)

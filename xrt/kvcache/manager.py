@@ -132,6 +132,7 @@ class KVCacheManager:
         self.connector.on_free(seq)  # no tier copy into these pages may start once they are back in the pool
         # Tail pages first, so the end of a prefix is evicted before its start.
         self.pool.release(reversed(seq.page_table))
+        self.pool.forget(seq.token_ids)
         self.tables.release(seq)
         seq.page_table = []
         seq.page_hashes = []

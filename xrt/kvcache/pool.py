@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xrt.ids import int64_bytes
+from xrt.kvcache.by_list import ByList
 
 
 def page_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
@@ -38,6 +39,15 @@ def _page_bytes(token_ids: list[int], num_pages: int, page_size: int) -> list[by
     return [raw[i * step : (i + 1) * step] for i in range(num_pages)]
 
 
+def _chain(parent: bytes | None, token_ids: list[int], num_pages: int, page_size: int) -> list[tuple[bytes, bytes]]:
+    """(key, ids as bytes) of the first num_pages pages of token_ids, the keys chained on from parent."""
+    out = []
+    for data in _page_bytes(token_ids, num_pages, page_size):
+        parent = _hash(parent, data)
+        out.append((parent, data))
+    return out
+
+
 @dataclass(slots=True)
 class Page:
     page_id: int
@@ -45,6 +55,29 @@ class Page:
     pins: int = 0
     hash: bytes | None = None
     data: bytes = b""  # its token ids as bytes (int64): what a hash match is checked against
+
+
+class PageKeys:
+    """A token list's page keys (`page_hash` chained from the first page) and its pages' ids as bytes, for its
+    leading full pages, as far as they have been asked for."""
+
+    __slots__ = ("token_ids", "page_size", "hashes", "datas")
+
+    def __init__(self, token_ids: list[int], page_size: int) -> None:
+        self.token_ids = token_ids
+        self.page_size = page_size
+        self.hashes: list[bytes] = []
+        self.datas: list[bytes] = []
+
+    def extend_to(self, num_pages: int) -> None:
+        """Key the first num_pages pages (all full)."""
+        known = len(self.hashes)
+        if num_pages <= known:
+            return
+        ps, parent = self.page_size, self.hashes[-1] if known else None
+        for key, data in _chain(parent, self.token_ids[known * ps :], num_pages - known, ps):
+            self.hashes.append(key)
+            self.datas.append(data)
 
 
 class PagePool:
@@ -57,27 +90,29 @@ class PagePool:
         # OrderedDict, not a dict: taking from the front of a dict scans the entries deleted there.
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_pages))
         self.cached: dict[bytes, int] = {}
+        self._keys: ByList[PageKeys] = ByList(lambda ids: PageKeys(ids, page_size))
 
     def match(self, token_ids: list[int], num_pages: int) -> tuple[list[int], list[bytes]]:
         """Cached pages (and their keys) holding the longest prefix of token_ids, at most num_pages."""
         pages: list[int] = []
         hashes: list[bytes] = []
-        parent: bytes | None = None
         if num_pages < 1:
             return pages, hashes
-        # The first page alone first: most new prompts miss there, and converting all of a long prompt's ids would be
-        # most of their lookup. A hit converts the rest in one go.
-        first = _hash(None, _page_bytes(token_ids, 1, self.page_size)[0])
-        if self.cached.get(first) is None:
+        keys = self._keys.get(token_ids)
+        # The first page alone first: most new prompts miss there, and keying all of a long prompt would be most of
+        # their lookup. A hit keys the rest in one go, once: a waiting prompt is matched at every step while the
+        # free pages are short, and its commits reuse the keys.
+        keys.extend_to(1)
+        if self.cached.get(keys.hashes[0]) is None:
             return pages, hashes
-        for i, data in enumerate(_page_bytes(token_ids, num_pages, self.page_size)):
-            h = first if i == 0 else _hash(parent, data)
-            pid = self.cached.get(h)
-            if pid is None or self.pages[pid].data != data:
+        keys.extend_to(num_pages)
+        cached, records = self.cached, self.pages
+        for h, data in zip(keys.hashes[:num_pages], keys.datas, strict=False):
+            pid = cached.get(h)
+            if pid is None or records[pid].data != data:
                 break
             pages.append(pid)
             hashes.append(h)
-            parent = h
         return pages, hashes
 
     def num_free_among(self, page_ids: Iterable[int]) -> int:
@@ -130,9 +165,14 @@ class PagePool:
         first = len(hashes)
         if num_full <= first:
             return
-        ps = self.page_size
-        for i, data in enumerate(_page_bytes(token_ids[first * ps :], num_full - first, ps), start=first):
-            key = _hash(hashes[-1] if hashes else None, data)
+        keys = self._keys.find(token_ids)
+        if keys is not None and len(keys.hashes) >= first:
+            keys.extend_to(num_full)
+            new = zip(keys.hashes[first:num_full], keys.datas[first:num_full], strict=True)
+        else:  # keyed before this list had an entry (dropped past the capacity): chain on from its own keys
+            new = _chain(hashes[-1] if hashes else None, token_ids[first * self.page_size :], num_full - first,
+                         self.page_size)
+        for i, (key, data) in enumerate(new, start=first):
             hashes.append(key)
             if key not in self.cached:
                 pid = page_table[i]
@@ -140,6 +180,10 @@ class PagePool:
                 page = self.pages[pid]
                 page.hash = key
                 page.data = data
+
+    def forget(self, token_ids: list[int]) -> None:
+        """Drop what was derived from token_ids (its sequence let go of its pages; a re-admission keys it again)."""
+        self._keys.forget(token_ids)
 
     def pin(self, page_ids: Iterable[int]) -> None:
         for pid in page_ids:

@@ -17,6 +17,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from xrt.kvcache.by_list import ByList
+
 # The chunk's byte layout (chunk.py: [layers, pages, 2, page_size, kv_heads, head_dim]) and this key scheme.
 FORMAT_VERSION = 1
 # How a checkpoint is identified: these files' bytes (the weights and the shape they are read with).
@@ -92,30 +94,21 @@ def chain_keys(parent: bytes, token_ids: Sequence[int], chunk_tokens: int) -> li
 
 
 class ChunkKeyCache:
-    """chunk_keys of the token lists seen lately, by the list object: a request's prompt is keyed when it is
-    queued (prefetch), looked up, and committed chunk by chunk; keying 8k tokens each time cost ~0.6 ms of
-    host time (mostly converting the ids to bytes), some of it before the prefill could launch. Sound because
-    a sequence's token list only grows (xrt.engine.sequence: the prompt, then each sampled token appended) and
-    an entry holds its list, so the list's id is not reused while it is cached."""
+    """chunk_keys of the token lists seen lately, by the list object (`ByList`): a request's prompt is keyed when it
+    is queued (prefetch), looked up, and committed chunk by chunk; keying 8k tokens each time cost ~0.6 ms of host
+    time (mostly converting the ids to bytes), some of it before the prefill could launch."""
 
     def __init__(self, namespace: KeyNamespace, capacity: int = 256) -> None:
         self.namespace = namespace
-        self.capacity = capacity
         self._digest = namespace.digest()
-        self._entries: dict[int, tuple[list[int], list[bytes]]] = {}
+        self._known: ByList[list[bytes]] = ByList(lambda _: [], capacity)
 
     def keys(self, token_ids: list[int], num_chunks: int) -> list[bytes]:
         """The keys of the first num_chunks chunks of token_ids (all full)."""
         n = self.namespace.chunk_tokens
         if len(token_ids) < num_chunks * n:
             raise ValueError(f"{num_chunks} chunks of {n} tokens asked of {len(token_ids)} tokens")
-        entry = self._entries.get(id(token_ids))
-        if entry is None or entry[0] is not token_ids:
-            if len(self._entries) >= self.capacity:
-                del self._entries[next(iter(self._entries))]  # the oldest entry
-            entry = (token_ids, [])
-            self._entries[id(token_ids)] = entry
-        known = entry[1]
+        known = self._known.get(token_ids)
         if len(known) < num_chunks:
             parent = known[-1] if known else self._digest
             known.extend(chain_keys(parent, token_ids[len(known) * n : num_chunks * n], n))
@@ -123,6 +116,4 @@ class ChunkKeyCache:
 
     def forget(self, token_ids: list[int]) -> None:
         """Drop the list's entry (its sequence let go of its pages)."""
-        entry = self._entries.get(id(token_ids))
-        if entry is not None and entry[0] is token_ids:
-            del self._entries[id(token_ids)]
+        self._known.forget(token_ids)
