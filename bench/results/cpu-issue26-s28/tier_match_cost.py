@@ -4,7 +4,8 @@ the KV tiers' match, which keys the prompt's chunks). The check is made at every
 waiting prompt does not fit the free pages without its prefix. Tiny model on CPU, `cache=l1` (chunks of 256 tokens,
 page size 16), a prompt generated once so that its whole prefix is in L1, then either left in the GPU prefix cache
 ("GPU hit": the tiers' match returns at once) or evicted from it ("L1 only": the tiers key the prompt's chunks, as for
-a waiting prompt whose pages a full cache has handed out again); median of 200 calls each. `python bench/results/cpu-issue26-s28/tier_match_cost.py` from the repository root."""
+a waiting prompt whose pages a full cache has handed out again); median of 200 calls each.
+`python bench/results/cpu-issue26-s28/tier_match_cost.py` from the repository root."""
 import platform
 import random
 import statistics
