@@ -1,9 +1,12 @@
 # Session 28's GPU call (one, the device budget allowing no second): from the repository root, carrying
-# [".whl", ".fi", ".whl-serve"]: `bash bench/results/cpu-issue26-s28/call.sh`.
-# 1. session 27's decode_meta_before_wait.patch against the tree as committed, alternating, 0.6B batches 1 and 2;
-# 2. the patch stays applied only if its batch-1 TPOT is lower in both pairs and its batch-2 mean no higher (meta.txt);
-# 3. the whole GPU suite on that tree (owed since adac371; this session's staging, pipe and page-key changes);
-# 4. while time is left: a probed serve run (0.6B, concurrency 1), then small_decode_to_batch8.patch at batches 4, 8.
+# [".whl", ".fi", ".whl-serve"]: `END_S=... bash bench/results/cpu-issue26-s28/call.sh` (END_S: seconds it may run
+# after the install). In order, while time is left:
+# 1. the whole GPU suite on the tree as committed (owed since adac371; this session's staging, pipe and page-key
+#    changes), its kernel and backend tests first;
+# 2. session 27's decode_meta_before_wait.patch against the committed tree, alternating, 0.6B batches 1 and 2;
+# 3. if the patch was faster (its batch-1 TPOT lower in both pairs, its batch-2 mean no higher: meta.txt), the GPU
+#    tests of the kernels it touches with it applied;
+# 4. a probed serve run (0.6B, concurrency 1).
 source scripts/gpu_env.sh || exit 1
 P=bench/results/cpu-issue26-s27
 R=/tmp/r1; mkdir -p $R
@@ -14,12 +17,16 @@ save() { echo "$1 rc=$2 $(( $(date +%s)-s )) s" >> $R/times.txt; tar -czf $OUT/r
 on() { git apply "$P/$1.patch" 2>/dev/null || patch -s -p1 < "$P/$1.patch"; }
 off() { git apply -R "$P/$1.patch" 2>/dev/null || patch -s -R -p1 < "$P/$1.patch"; }
 tpot() { grep -h "\[bench\] cudagraph batch $2:" $R/lat_$1.log | sed 's/.*TPOT \([0-9.]*\) ms.*/\1/'; }
+KT="tests/kernels/test_decode_attention_gpu.py tests/attention/test_attention_flashinfer_gpu.py"
+timeout $(( $(left) - 150 )) python3 -m pytest -v -rfE --gpu -m gpu $KT tests/executor/test_prefill_graph_gpu.py tests \
+  -p no:cacheprovider > $R/suite.log 2>&1; save suite $?
+tar -czf $OUT/fi.tgz .fi
 B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3"
 for run in meta_a base_a meta_b base_b; do
+  [ $(left) -lt 70 ] && break
   [ ${run%_*} = meta ] && on decode_meta_before_wait
-  timeout 150 $B "bench.batch=[1,2]" bench.out_dir=$R/lat_$run > $R/lat_$run.log 2>&1; save lat_$run $?
+  timeout 60 $B "bench.batch=[1,2]" bench.out_dir=$R/lat_$run > $R/lat_$run.log 2>&1; save lat_$run $?
   [ ${run%_*} = meta ] && off decode_meta_before_wait
-  [ $run = meta_a ] && { tar -czf $OUT/fi.tgz .fi; save fi 0; }
 done
 keep=$(python3 - "$(tpot meta_a 1) $(tpot base_a 1) $(tpot meta_b 1) $(tpot base_b 1)" \
   "$(tpot meta_a 2) $(tpot base_a 2) $(tpot meta_b 2) $(tpot base_b 2)" <<'PY'
@@ -32,22 +39,17 @@ except ValueError:
 PY
 )
 echo "keep decode_meta_before_wait: $keep" > $R/meta.txt
-[ "$keep" = 1 ] && on decode_meta_before_wait
-timeout $(left) python3 -m pytest -v -rfE --gpu -m gpu \
-  tests/kernels/test_decode_attention_gpu.py tests/attention/test_attention_flashinfer_gpu.py \
-  tests/executor/test_prefill_graph_gpu.py tests -p no:cacheprovider > $R/suite.log 2>&1; save suite $?
-tar -czf $OUT/fi.tgz .fi
-if [ $(left) -gt 60 ]; then
+if [ "$keep" = 1 ] && [ $(left) -gt 40 ]; then
+  on decode_meta_before_wait
+  timeout $(( $(left) - 5 )) python3 -m pytest -q -rfE --gpu -m gpu $KT -p no:cacheprovider > $R/suite-meta.log 2>&1
+  save suite-meta $?; off decode_meta_before_wait
+fi
+if [ $(left) -gt 45 ]; then
   mkdir -p $R/st; XRT_STAMPS=$R/st PYTHONPATH=$PWD/scripts/serve_probe:$PYTHONPATH timeout $(( $(left) - 5 )) \
     python3 -m xrt bench bench.scenario=serve executor=cudagraph bench.max_concurrency=1 "bench.request_rate=[0]" \
     bench.num_requests=32 bench.out_dir=$R/serve > $R/serve.log 2>&1; save serve $?
-  python3 scripts/serve_probe/hops.py $R/st > $R/hops.txt 2>&1
+  python3 scripts/serve_probe/hops.py $R/st > $R/hops.txt 2>&1; save hops 0
 fi
-for run in b8_a base48_a b8_b base48_b; do
-  [ $(left) -lt 45 ] && break
-  [ ${run%_*} = b8 ] && on small_decode_to_batch8
-  timeout 40 $B "bench.batch=[4,8]" bench.out_dir=$R/lat48_$run > $R/lat48_$run.log 2>&1; save lat48_$run $?
-  [ ${run%_*} = b8 ] && off small_decode_to_batch8
-done
 cat $R/gpu.txt $R/times.txt $R/meta.txt; for f in $R/lat*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
-tail -8 $R/suite.log; grep -E "Mean TTFT|Server|of which|HTTP round|Mean TPOT" $R/serve.log 2>/dev/null; cat $R/hops.txt 2>/dev/null | head -40
+tail -8 $R/suite.log; tail -3 $R/suite-meta.log 2>/dev/null
+grep -E "Mean TTFT|Server|of which|HTTP round|Mean TPOT" $R/serve.log 2>/dev/null; head -40 $R/hops.txt 2>/dev/null
