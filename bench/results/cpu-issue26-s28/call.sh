@@ -1,6 +1,7 @@
 # Session 28's GPU call (one, the device budget allowing no second): from the repository root, carrying
 # [".whl", ".fi", ".whl-serve"]: `END_S=... bash bench/results/cpu-issue26-s28/call.sh` (END_S: seconds it may run
-# after the install). In order, while time is left:
+# after the install; RESERVE: seconds kept from the suite for what follows, 150 unless given). In order, while time
+# is left:
 # 1. the whole GPU suite on the tree as committed (owed since adac371; this session's staging, pipe and page-key
 #    changes), its kernel and backend tests first;
 # 2. session 27's decode_meta_before_wait.patch against the committed tree, alternating, 0.6B batches 1 and 2;
@@ -18,7 +19,7 @@ on() { git apply "$P/$1.patch" 2>/dev/null || patch -s -p1 < "$P/$1.patch"; }
 off() { git apply -R "$P/$1.patch" 2>/dev/null || patch -s -R -p1 < "$P/$1.patch"; }
 tpot() { grep -h "\[bench\] cudagraph batch $2:" $R/lat_$1.log | sed 's/.*TPOT \([0-9.]*\) ms.*/\1/'; }
 KT="tests/kernels/test_decode_attention_gpu.py tests/attention/test_attention_flashinfer_gpu.py"
-timeout $(( $(left) - 150 )) python3 -m pytest -v -rfE --gpu -m gpu $KT tests/executor/test_prefill_graph_gpu.py tests \
+timeout $(( $(left) - ${RESERVE:-150} )) python3 -m pytest -v -rfE --gpu -m gpu $KT tests/executor/test_prefill_graph_gpu.py tests \
   -p no:cacheprovider > $R/suite.log 2>&1; save suite $?
 tar -czf $OUT/fi.tgz .fi
 B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3"
