@@ -67,13 +67,15 @@ def test_a_repeated_match_makes_no_hash_and_follows_the_cache(hashes_made: list[
 
 
 def test_commits_reuse_the_keys_a_match_made_and_extend_them_page_by_page(hashes_made: list[int]) -> None:
+    """A match keys pages only as far as it goes (the rest waits for the commit, which the GPU path makes while the
+    prefill runs); each page is keyed once in all."""
     kv = KVCacheManager(16, PS, prefix_caching=True)
     ids = list(range(50, 50 + 5 * PS + 1))
     seq = Sequence(request_id=0, prompt_token_ids=ids, sampling=SamplingArgs(), seed=0)
     kv.pool.register(kv.pool.take_many(1), [], list(ids[:PS]), 1)  # another list holds the first page: a hit
     hashes_made[0] = 0
     hit = kv.lookup(seq.token_ids)
-    assert hit.num_tokens == PS and hashes_made[0] == 5  # the hit keys the 5 full pages at once
+    assert hit.num_tokens == PS and hashes_made[0] == 2  # keyed as far as the match went: its first miss
     kv.allocate(seq, hit)
     seq.num_computed_tokens = seq.num_tokens
     kv.commit(seq)

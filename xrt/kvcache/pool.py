@@ -58,8 +58,8 @@ class Page:
 
 
 class PageKeys:
-    """A token list's page keys (`page_hash` chained from the first page) and its pages' ids as bytes, for its
-    leading full pages, as far as they have been asked for."""
+    """A token list's pages as bytes (int64 ids, converted in bulk as far as asked) and their keys (`page_hash`
+    chained from the first page, made page by page as far as asked: a match that stops early hashes no further)."""
 
     __slots__ = ("token_ids", "page_size", "hashes", "datas")
 
@@ -69,15 +69,23 @@ class PageKeys:
         self.hashes: list[bytes] = []
         self.datas: list[bytes] = []
 
+    def convert_to(self, num_pages: int) -> None:
+        """The first num_pages pages (all full) as bytes."""
+        known = len(self.datas)
+        if num_pages > known:
+            ps = self.page_size
+            self.datas.extend(_page_bytes(self.token_ids[known * ps :], num_pages - known, ps))
+
     def extend_to(self, num_pages: int) -> None:
         """Key the first num_pages pages (all full)."""
         known = len(self.hashes)
         if num_pages <= known:
             return
-        ps, parent = self.page_size, self.hashes[-1] if known else None
-        for key, data in _chain(parent, self.token_ids[known * ps :], num_pages - known, ps):
-            self.hashes.append(key)
-            self.datas.append(data)
+        self.convert_to(num_pages)
+        hashes, parent = self.hashes, self.hashes[-1] if known else None
+        for data in self.datas[known:num_pages]:
+            parent = _hash(parent, data)
+            hashes.append(parent)
 
 
 class PagePool:
@@ -99,17 +107,20 @@ class PagePool:
         if num_pages < 1:
             return pages, hashes
         keys = self._keys.get(token_ids)
-        # The first page alone first: most new prompts miss there, and keying all of a long prompt would be most of
-        # their lookup. A hit keys the rest in one go, once: a waiting prompt is matched at every step while the
-        # free pages are short, and its commits reuse the keys.
+        # The first page alone first: most new prompts miss there, and converting all of a long prompt's ids would be
+        # most of their lookup. A hit converts the rest in one go and keys pages as far as the match goes, once: a
+        # waiting prompt is matched at every step while the free pages are short, and its commits reuse the keys.
         keys.extend_to(1)
         if self.cached.get(keys.hashes[0]) is None:
             return pages, hashes
-        keys.extend_to(num_pages)
-        cached, records = self.cached, self.pages
-        for h, data in zip(keys.hashes[:num_pages], keys.datas, strict=False):
+        keys.convert_to(num_pages)
+        cached, records, known = self.cached, self.pages, keys.hashes
+        for i in range(num_pages):
+            if i == len(known):
+                keys.extend_to(i + 1)
+            h = known[i]
             pid = cached.get(h)
-            if pid is None or records[pid].data != data:
+            if pid is None or records[pid].data != keys.datas[i]:
                 break
             pages.append(pid)
             hashes.append(h)
