@@ -74,7 +74,7 @@ class PageKeys:
         known = len(self.datas)
         if num_pages > known:
             ps = self.page_size
-            self.datas.extend(_page_bytes(self.token_ids[known * ps :], num_pages - known, ps))
+            self.datas.extend(_page_bytes(self.token_ids[known * ps : num_pages * ps], num_pages - known, ps))
 
     def extend_to(self, num_pages: int) -> None:
         """Key the first num_pages pages (all full)."""
@@ -181,8 +181,8 @@ class PagePool:
             keys.extend_to(num_full)
             new = zip(keys.hashes[first:num_full], keys.datas[first:num_full], strict=True)
         else:  # keyed before this list had an entry (dropped past the capacity): chain on from its own keys
-            new = _chain(hashes[-1] if hashes else None, token_ids[first * self.page_size :], num_full - first,
-                         self.page_size)
+            ps = self.page_size
+            new = _chain(hashes[-1] if hashes else None, token_ids[first * ps : num_full * ps], num_full - first, ps)
         for i, (key, data) in enumerate(new, start=first):
             hashes.append(key)
             if key not in self.cached:
