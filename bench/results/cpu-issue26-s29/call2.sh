@@ -19,7 +19,8 @@ B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3"
 for run in b8_a base_a b8_b base_b; do
   [ $(left) -lt 300 ] && break
   [ ${run%_*} = b8 ] && on small_decode_to_batch8
-  timeout 70 $B "bench.batch=[4,8]" bench.out_dir=$R/lat48_$run > $R/lat48_$run.log 2>&1; save lat48_$run $?
+  lim=70; [ $run = b8_a ] && lim=170  # the first run compiles what a cold .fi lacks
+  timeout $lim $B "bench.batch=[4,8]" bench.out_dir=$R/lat48_$run > $R/lat48_$run.log 2>&1; save lat48_$run $?
   [ ${run%_*} = b8 ] && off small_decode_to_batch8
 done
 [ $(left) -gt 260 ] && { timeout 60 python3 -m xrt profile profile.mode=step executor=cudagraph "profile.batch=[1]" \
