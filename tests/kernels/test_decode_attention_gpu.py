@@ -385,8 +385,8 @@ def test_matches_flashinfer_decode() -> None:
 def test_reads_the_token_the_kernel_before_writes_after_it(device: torch.device, lens: list[int]) -> None:
     """A decode step's order with PDL: qk_norm_rope_store_kv writes each sequence's last token (over NaN here),
     the attention kernel launched right after it (PDL, no synchronization between) must read it only once that
-    kernel has finished; reading it early gives NaN or the wrong attention. (Reading the page table and older K/V
-    before the wait was tried and measured slower: bench/NOTES.md.)"""
+    kernel has finished; reading it early gives NaN or the wrong attention. (The kernel reads only the metadata
+    before the wait; reading older K/V there too was tried and measured slower: bench/NOTES.md.)"""
     from xrt.kernels.qk_norm_rope import qk_norm_rope_store_kv
 
     heads, kv_heads, head_dim = QWEN3_06B

@@ -40,17 +40,22 @@ _MERGE_ROWS = 64
 
 
 @triton.jit
-def _norm_rope(ptrs, mask, w_ptr, cs_row, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _halves(ptr, HALF: tl.constexpr):
+    """A [D] vector's two halves as fp32 rows [1, HALF] (a norm weight; a cos / sin row)."""
+    d = tl.arange(0, HALF)[None, :]
+    return tl.load(ptr + d).to(tl.float32), tl.load(ptr + HALF + d).to(tl.float32)
+
+
+@triton.jit
+def _norm_rope(ptrs, mask, w1, w2, cos, sin, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Heads [R, D] (ptrs: each head's first element, [R, 1]) -> per-head RMSNorm * w, NeoX-rotated by
-    cs_row (cos then sin, HALF each): the two halves in fp32, as xrt.kernels.qk_norm_rope computes them."""
+    (cos, sin) (w, cos and sin as `_halves`): the two halves in fp32, as xrt.kernels.qk_norm_rope computes them."""
     d = tl.arange(0, HALF)[None, :]
     x1 = tl.load(ptrs + d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptrs + HALF + d, mask=mask, other=0.0).to(tl.float32)
     rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
-    n1 = x1 * rstd * tl.load(w_ptr + d).to(tl.float32)
-    n2 = x2 * rstd * tl.load(w_ptr + HALF + d).to(tl.float32)
-    cos = tl.load(cs_row + d).to(tl.float32)
-    sin = tl.load(cs_row + HALF + d).to(tl.float32)
+    n1 = x1 * rstd * w1
+    n2 = x2 * rstd * w2
     return n1 * cos - n2 * sin, n2 * cos + n1 * sin
 
 
@@ -67,20 +72,27 @@ def _decode_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, MERGE_H: tl.constexpr, MERGE_S: tl.constexpr,
     PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
 ):
-    pdl_enter(PDL)  # q and this step's K/V come from the kernel before
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
 
+    # Before the PDL wait: the step's metadata (page table and its bounds, position, slot) and, with ROPE, the
+    # norm weights and the position's cos / sin. The host's copies wrote the metadata before the step's first
+    # kernel and no kernel writes any of it (nor the weights, nor the cos / sin table), so only q, this step's
+    # K / V and the workspace wait for the kernel before, and the K / V loads go out as soon as the wait ends.
+    # A few bytes a program: unlike the K / V reads once tried here (bench/NOTES.md), nothing that competes
+    # with the kernel before for bandwidth.
     page_lo = tl.load(kv_indptr_ptr + b)
     npages = tl.load(kv_indptr_ptr + b + 1) - page_lo
     last = tl.load(last_len_ptr + b)
+    seq_len = tl.where(npages > 0, (npages - 1) * PAGE_SIZE + last, 0)
     if ROPE:
-        # Read with the page table's bounds, not after them: the rotation's cos / sin address waits on the
-        # position, and the chunk's first page ids (below) on these bounds, so both chains start one load earlier.
         pos = tl.load(pos_ptr + b).to(tl.int64)
         slot = tl.load(slot_ptr + b).to(tl.int64)
-    seq_len = tl.where(npages > 0, (npages - 1) * PAGE_SIZE + last, 0)
+        # An empty row (graph padding) reads position 0's: its position need not be one of the table's.
+        cos, sin = _halves(cos_sin_ptr + tl.where(npages > 0, pos, 0) * stride_cs, HEAD_DIM // 2)
+        qw1, qw2 = _halves(q_w_ptr, HEAD_DIM // 2)
+        kw1, kw2 = _halves(k_w_ptr, HEAD_DIM // 2)
     n_target = tl.maximum(tl.minimum(max_splits, tl.cdiv(seq_len, split_tokens)), 1)
     # At least one block: an empty sequence gets no chunk (and no division by zero).
     chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, n_target), BLOCK_N), 1) * BLOCK_N
@@ -92,21 +104,22 @@ def _decode_kernel(
     head = kvh * GROUP + rh
     out_rows = out_ptr + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + rd[None, :]
 
+    # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then depend on
+    # no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of K and V in flight
+    # (with the page-id load inside the iteration it keeps only one). The first block's ids are read before the
+    # PDL wait (programs past the sequence's chunks read none).
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    t = start + tl.arange(0, BLOCK_N)
+    page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
+    pdl_enter(PDL)  # q, this step's K/V and the workspace's counters come from the kernels before
+
     if split < n_splits:
-        start = split * chunk
-        end = tl.minimum(start + chunk, seq_len)
-        # Token offsets of a block come from the page ids loaded one iteration earlier: K/V addresses then
-        # depend on no load of their own iteration, and Triton's pipeliner keeps num_stages - 1 blocks of
-        # K and V in flight (with the page-id load inside the iteration it keeps only one). The first block's
-        # ids are asked for before q is made, so their wait overlaps it.
-        t = start + tl.arange(0, BLOCK_N)
-        page = tl.load(kv_indices_ptr + page_lo + t // PAGE_SIZE, mask=t < end, other=0)
         row = q_ptr + b.to(tl.int64) * stride_qb
         if ROPE:
             # q_ptr is the raw qkv row: this program normalises and rotates its own q heads (in registers;
             # nothing else reads them), rounded to q's dtype as xrt::qk_norm_rope_store_kv would store them.
-            cs_row = cos_sin_ptr + pos * stride_cs
-            q1, q2 = _norm_rope(row + head[:, None] * stride_qh, h_mask[:, None], q_w_ptr, cs_row, eps,
+            q1, q2 = _norm_rope(row + head[:, None] * stride_qh, h_mask[:, None], qw1, qw2, cos, sin, eps,
                                 HEAD_DIM // 2, HEAD_DIM)
             dtype = q_ptr.dtype.element_ty
             q = tl.reshape(tl.permute(tl.join(q1.to(dtype), q2.to(dtype)), (0, 2, 1)), (BLOCK_H, HEAD_DIM))
@@ -117,8 +130,8 @@ def _decode_kernel(
             if (split == (seq_len - 1) // chunk) & (slot >= 0):
                 k_head = NUM_KV_HEADS * GROUP + kvh
                 one = tl.arange(0, 1)
-                k1, k2 = _norm_rope(row + (k_head + one[:, None]) * stride_qh, one[:, None] >= 0, k_w_ptr, cs_row,
-                                    eps, HEAD_DIM // 2, HEAD_DIM)
+                k1, k2 = _norm_rope(row + (k_head + one[:, None]) * stride_qh, one[:, None] >= 0, kw1, kw2, cos,
+                                    sin, eps, HEAD_DIM // 2, HEAD_DIM)
                 cache_ty = kv_ptr.dtype.element_ty
                 dst = (kv_ptr + (slot // PAGE_SIZE) * stride_page + (slot % PAGE_SIZE) * stride_tok
                        + kvh * stride_head)
