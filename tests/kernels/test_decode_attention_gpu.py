@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from xrt.executor.buckets import Buckets, default_buckets
 from xrt.ops import reference
 
 # Max |out - ref| / max |ref| against the fp32 reference: 16-bit outputs are rounded once and the
@@ -143,6 +144,40 @@ def check_split_policy() -> None:
     assert short.splits_for(1) == 2
     fixed = m.DecodeAttention(16, heads, kv_heads, head_dim, 16, 64, torch.device("cpu"), max_splits=6)
     assert {fixed.splits_for(b) for b in (1, 3, 16)} == {6}
+    # The backend's (xrt.attention.flashinfer): fixed up to 2 rows, fewer chunks for more rows, and the same
+    # count for a batch and the default CUDA-graph bucket it pads to.
+    small = m.DecodeAttention(8, heads, kv_heads, head_dim, 16, 129, torch.device("cpu"), split_tokens=64,
+                              max_splits=33, fixed_max_batch=2)
+    counts = [small.splits_for(b) for b in range(1, 9)]
+    assert counts[:2] == [33, 33] and counts == sorted(counts, reverse=True) and counts[-1] < counts[2] < 33, counts
+    assert small.ws_splits == 33 and small.partial_lse.shape == (8, heads, 33)
+    buckets = Buckets(tuple(default_buckets(256)))
+    for b in range(1, 9):
+        assert small.splits_for(b) == small.splits_for(buckets.bucket_for(b)), b
+
+
+def check_padded_to_bucket(device: torch.device, dtype: torch.dtype) -> None:
+    """A batch of 3 above fixed_max_batch, run as it is (eager) and padded with an empty row to its default
+    CUDA-graph bucket, gives bit-equal rows: both cut each sequence into the same chunks. Sized so that the split
+    count aimed at 3 rows themselves would differ from the bucket's."""
+    heads, kv_heads, head_dim, page_size = 8, 8, 32, 8
+    lens = [300, 477, 512]
+    padded_to = Buckets(tuple(default_buckets(256))).bucket_for(len(lens))
+    attn = build(device, heads, kv_heads, head_dim, page_size, max_batch=padded_to, max_len=512, split_tokens=16,
+                 block_n=16, max_splits=32, fixed_max_batch=2)
+    m = module()
+    assert -(-m.TARGET_PROGRAMS // (len(lens) * kv_heads)) != attn.splits_for(padded_to) < 32
+    case = make_case(lens, heads, kv_heads, head_dim, page_size, dtype, seed=3).to(device)
+    scale = head_dim ** -0.5
+    eager = attn.run(case.q, case.kv_cache, case.kv_indptr, case.kv_indices, case.kv_last_page_len, scale).clone()
+    pad = padded_to - len(lens)
+    q = torch.cat([case.q, torch.zeros(pad, heads, head_dim, dtype=dtype, device=device)])
+    indptr = torch.cat([case.kv_indptr, case.kv_indptr[-1:].repeat(pad)])
+    last = torch.cat([case.kv_last_page_len, torch.ones(pad, dtype=torch.int32, device=device)])
+    graph = attn.run(q, case.kv_cache, indptr, case.kv_indices, last, scale)
+    assert_matches(eager, case, "eager batch 3")
+    assert torch.equal(graph[:len(lens)], eager), "a batch padded to its bucket differs from the batch run as it is"
+    assert torch.all(graph[len(lens):] == 0)
 
 
 def newest_slots(case: Case, page_size: int) -> torch.Tensor:

@@ -79,6 +79,11 @@ def test_split_policy() -> None:
 
 
 @in_process
+def test_a_batch_padded_to_its_bucket_gives_the_same_rows() -> None:
+    checks.check_padded_to_bucket(CPU, torch.float32)
+
+
+@in_process
 def test_merge_takes_several_steps() -> None:
     """The 'merge in several steps' case really loops in the merge: more chunks than one merge load holds."""
     attn = checks.build(CPU, 8, 1, 64, 8, 1, 300, split_tokens=16, max_splits=40)

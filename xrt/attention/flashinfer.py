@@ -25,11 +25,14 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # plans need (tokens / 128 + sequences) * heads * 28 bytes at most: about 130 KiB at 8192 tokens and 64 heads.
 GRAPH_PREFILL_INT_WORKSPACE = 2 << 20
 # Decode batches this small use xrt's split-KV Triton kernel (xrt.kernels.decode_attention) instead of
-# FlashInfer: on the H200 at the Qwen3-0.6B shape it is 7.2 vs 10.3 us per layer at batch 1 and 8.7 vs
-# 10.7 us at batch 2 (1024 tokens), and no faster from batch 4 (bench/results/h200-ee4b1de/decode_attention.md).
-# Eager and CUDA-graph decode take the same kernel for a batch (the default buckets include 1 and 2), and
-# its fixed 64-token chunks make a row's result independent of the batch it runs in.
-SMALL_DECODE_MAX_BATCH = 2
+# FlashInfer: at batches 1-2 it is faster per layer (bench/results/h200-ee4b1de/decode_attention.md), and at 3-8
+# it also takes the layer's q/k norm, RoPE and KV write (one launch a layer fewer), which made whole steps
+# faster (bench/NOTES.md). Batches up to SMALL_DECODE_FIXED_BATCH cut a sequence into fixed 64-token chunks, so
+# a row's result is the same at either; larger ones take fewer, longer chunks (DecodeAttention.splits_for), by
+# the batch rounded up to a power of two: eager and CUDA-graph decode then take the same kernel and the same
+# chunks for a batch as long as the graph buckets up to 8 are powers of two (the default buckets are).
+SMALL_DECODE_MAX_BATCH = 8
+SMALL_DECODE_FIXED_BATCH = 2
 SMALL_DECODE_SPLIT_TOKENS = 64
 # Its grid has one program per 64-token chunk of the longest possible sequence; beyond this many the empty
 # programs would cost more than the kernel saves.
@@ -156,7 +159,7 @@ class FlashInferBackend:
 
         return DecodeAttention(
             SMALL_DECODE_MAX_BATCH, *self._heads, self.page_size, max_pages_per_seq, self.device,
-            SMALL_DECODE_SPLIT_TOKENS, max_splits=splits,
+            SMALL_DECODE_SPLIT_TOKENS, max_splits=splits, fixed_max_batch=SMALL_DECODE_FIXED_BATCH,
         )
 
     def _uses_small_decode(self, batch: int) -> bool:

@@ -232,7 +232,7 @@ class ExecutorArgs:
     )
     fuse_qk_norm_rope: bool = field(
         True,
-        help="decode batches that xrt's Triton decode attention serves (CUDA, at most 2 rows) normalise and rotate q "
+        help="decode batches that xrt's Triton decode attention serves (CUDA, at most 8 rows) normalise and rotate q "
         "and k and write this step's K/V inside that kernel instead of in xrt::qk_norm_rope_store_kv: one launch a "
         "layer fewer (figures: bench/NOTES.md)",
     )

@@ -227,8 +227,11 @@ class DecodeAttention:
     """Static-shape split-KV decode attention, capturable in a CUDA graph.
 
     `split_tokens` is the shortest chunk one program takes (a power of two >= 16); `max_splits`, when given,
-    fixes the most chunks per sequence for every batch size (then a row's result does not depend on the
-    batch it runs in); otherwise `splits_for(B)` aims at TARGET_PROGRAMS programs. The fp32 workspace and the
+    fixes the most chunks per sequence for batches up to `fixed_max_batch` (every batch when None): a row's
+    result then does not depend on which of those batches it runs in. Other batches aim `splits_for(B)` at
+    TARGET_PROGRAMS programs (at most max_splits) for B rounded up to a power of two, so an eager batch and the
+    CUDA-graph bucket it pads to (the default buckets are powers of two up to 8) cut their sequences alike and
+    give the same result. The fp32 workspace and the
     arrival counters are allocated here, once. One object may serve every layer and every batch bucket, one
     launch at a time (the workspace and counters are shared): not from two streams at once."""
 
@@ -244,6 +247,7 @@ class DecodeAttention:
         split_tokens: int | None = None,
         *,
         max_splits: int | None = None,
+        fixed_max_batch: int | None = None,
         block_n: int = 64,
         num_warps: int = 4,
         num_stages: int = 3,
@@ -265,6 +269,8 @@ class DecodeAttention:
             raise ValueError(f"DecodeAttention block_n: expected a power of two >= 16, got {block_n}")
         if max_splits is not None and max_splits < 1:
             raise ValueError(f"DecodeAttention max_splits: expected >= 1, got {max_splits}")
+        if fixed_max_batch is not None and fixed_max_batch < 1:
+            raise ValueError(f"DecodeAttention fixed_max_batch: expected >= 1, got {fixed_max_batch}")
         self.max_batch = max_batch
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -274,6 +280,7 @@ class DecodeAttention:
         self.device = torch.device(device)
         self.split_tokens = split_tokens
         self.fixed_splits = max_splits
+        self.fixed_max_batch = fixed_max_batch
         self.block_n = min(block_n, split_tokens)
         self.num_warps = num_warps
         self.num_stages = num_stages
@@ -294,8 +301,11 @@ class DecodeAttention:
         """The most chunks one sequence is cut into at this batch size (the grid's first dimension)."""
         limit = triton.cdiv(self.max_pages_per_seq * self.page_size, self.split_tokens)
         if self.fixed_splits is not None:
-            return max(1, min(self.fixed_splits, limit))
-        return max(1, min(limit, triton.cdiv(TARGET_PROGRAMS, max(batch, 1) * self.num_kv_heads)))
+            if self.fixed_max_batch is None or batch <= self.fixed_max_batch:
+                return max(1, min(self.fixed_splits, limit))
+            limit = min(limit, self.fixed_splits)
+        rows = triton.next_power_of_2(max(batch, 1))
+        return max(1, min(limit, triton.cdiv(TARGET_PROGRAMS, rows * self.num_kv_heads)))
 
     def _check(self, q: torch.Tensor, kv_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                kv_last_page_len: torch.Tensor, out: torch.Tensor | None, rope: QKNormRope | None) -> None:

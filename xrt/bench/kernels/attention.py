@@ -126,7 +126,7 @@ def _flashinfer_run(p: PagedProblem, wrapper: Any) -> Callable[[torch.Tensor], o
 
 
 def decode_attention(cfg: XrtConfig, p: PagedProblem) -> Iterator[Measurement]:
-    from xrt.attention.flashinfer import SMALL_DECODE_SPLIT_TOKENS, use_tensor_cores
+    from xrt.attention.flashinfer import SMALL_DECODE_FIXED_BATCH, SMALL_DECODE_SPLIT_TOKENS, use_tensor_cores
     from xrt.kernels.decode_attention import DecodeAttention
 
     group, device, dtype = KernelGroup.DECODE_ATTENTION.value, p.q.device, p.q.dtype
@@ -144,10 +144,12 @@ def decode_attention(cfg: XrtConfig, p: PagedProblem) -> Iterator[Measurement]:
         base.status, base.note = "error", error_note(e)
         yield base
     indptr, indices, last = p.indptr.to(device), p.indices.to(device), p.last.to(device)
-    # As the backend builds it: chunks of SMALL_DECODE_SPLIT_TOKENS, split count fixed for its longest sequence.
+    # As the backend builds it: chunks of SMALL_DECODE_SPLIT_TOKENS, split count fixed for its longest sequence
+    # up to SMALL_DECODE_FIXED_BATCH rows.
     max_pages = -(-(max(cfg.model.max_model_len, p.context) + 1) // p.page)
     xrt = {"split_tokens": SMALL_DECODE_SPLIT_TOKENS,
-           "max_splits": -(-max_pages * p.page // SMALL_DECODE_SPLIT_TOKENS)}
+           "max_splits": -(-max_pages * p.page // SMALL_DECODE_SPLIT_TOKENS),
+           "fixed_max_batch": SMALL_DECODE_FIXED_BATCH}
     for name, kwargs in {"xrt": xrt, **_variants(p.heads, p.kv_heads)}.items():
         m = Measurement(group, "decode attention", p.batch, p.context, name, "default" if name == "xrt" else
                         "candidate")
