@@ -126,7 +126,8 @@ def check_reuse(device: torch.device, dtype: torch.dtype) -> None:
 
 def check_split_policy() -> None:
     """The default split counts fill an H200 at small batches, never grow with the batch, stay under the
-    context's chunk count, and size the workspace; a fixed max_splits applies to every batch."""
+    context's chunk count, and size the workspace; a fixed max_splits applies to every batch, or up to
+    fixed_max_batch and caps the counts above it."""
     m = module()
     heads, kv_heads, head_dim = QWEN3_06B
     attn = m.DecodeAttention(32, heads, kv_heads, head_dim, 16, 256, torch.device("cpu"))
