@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from xrt.executor.buckets import Buckets, default_buckets
+from xrt.config import ExecutorArgs
+from xrt.executor.buckets import Buckets
 from xrt.ops import reference
 
 # Max |out - ref| / max |ref| against the fp32 reference: 16-bit outputs are rounded once and the
@@ -152,7 +153,7 @@ def check_split_policy() -> None:
     counts = [small.splits_for(b) for b in range(1, 9)]
     assert counts[:2] == [33, 33] and counts == sorted(counts, reverse=True) and counts[-1] < counts[2] < 33, counts
     assert small.ws_splits == 33 and small.partial_lse.shape == (8, heads, 33)
-    buckets = Buckets(tuple(default_buckets(256)))
+    buckets = Buckets.from_args(ExecutorArgs())
     for b in range(1, 9):
         assert small.splits_for(b) == small.splits_for(buckets.bucket_for(b)), b
 
@@ -163,7 +164,7 @@ def check_padded_to_bucket(device: torch.device, dtype: torch.dtype) -> None:
     count aimed at 3 rows themselves would differ from the bucket's."""
     heads, kv_heads, head_dim, page_size = 8, 8, 32, 8
     lens = [300, 477, 512]
-    padded_to = Buckets(tuple(default_buckets(256))).bucket_for(len(lens))
+    padded_to = Buckets.from_args(ExecutorArgs()).bucket_for(len(lens))
     attn = build(device, heads, kv_heads, head_dim, page_size, max_batch=padded_to, max_len=512, split_tokens=16,
                  block_n=16, max_splits=32, fixed_max_batch=2)
     m = module()
