@@ -2,7 +2,8 @@
 # `END_S=560 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue24-s32/callB.sh`. In order, while time is left:
 # 1. 0.6B offline batch 1 and the server at concurrency 1, alternating twice (the TTFT excess and /metrics TTFT);
 # 2. Qwen3-8B (dummy weights) offline batch 1, then served at concurrency 1;
-# 3. the 0.6B server at request rates 1, 4, 16, 64 (64 requests each), then 8B at 4, 16, 64.
+# 3. the 0.6B server at request rates 1, 4, 16, 64 (64 requests each), then 8B at 4, 16, 64;
+# 4. the batch-1 prefill step part by part with a prefill graph head of 1 layer and of 2 (the default), alternating.
 # Results in $OUT/r.tgz, saved after every step.
 source scripts/gpu_env.sh || exit 1
 R=/tmp/r; mkdir -p $R; s=$(date +%s)
@@ -23,9 +24,15 @@ done
   save serve8 $?; }
 [ $(left) -gt 130 ] && { timeout $(( $(left) - 100 )) $S bench.num_requests=64 "bench.request_rate=[1,4,16,64]" \
   bench.out_dir=$R/rates > $R/rates.log 2>&1; save rates $?; }
-[ $(left) -gt 60 ] && { timeout $(( $(left) - 10 )) $S $M8 bench.num_requests=64 "bench.request_rate=[4,16,64]" \
+[ $(left) -gt 140 ] && { timeout $(( $(left) - 80 )) $S $M8 bench.num_requests=64 "bench.request_rate=[4,16,64]" \
   bench.out_dir=$R/rates8 > $R/rates8.log 2>&1; save rates8 $?; }
+P="python3 -m xrt profile profile.mode=step executor=cudagraph profile.batch=[1] profile.rows=0"
+for h in 1 2 1 2; do
+  [ $(left) -gt 40 ] || break
+  timeout 35 $P executor.prefill_graph_head_layers=$h > $R/step_head$h.$(date +%s).log 2>&1; save step_head$h $?
+done
 cat $R/gpu.txt $R/times.txt
 for f in $R/lat*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
 grep -E "Mean TTFT|Server|of which|HTTP round|Mean TPOT" $R/serve*.log
+grep -h 'the step, start to end\|graph launch\|idle before' $R/step_head*.log
 cat $R/rates/results.md $R/rates8/results.md 2>/dev/null | grep '^|'
