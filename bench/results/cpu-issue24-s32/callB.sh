@@ -4,7 +4,6 @@
 # 2. Qwen3-8B (dummy weights) offline batch 1, then served at concurrency 1;
 # 3. the 0.6B server at request rates 1, 4, 16, 64 (64 requests each), then 8B at 4, 16, 64;
 # 4. the batch-1 prefill step part by part with a prefill graph head of 1 layer and of 2 (the default), alternating.
-# 0. first: the persistent MLP prototype of bench/results/cpu-issue26-s32 (checks, then timed in a graph).
 # Results in $OUT/r.tgz, saved after every step.
 source scripts/gpu_env.sh || exit 1
 R=/tmp/r; mkdir -p $R; s=$(date +%s)
@@ -15,9 +14,6 @@ B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3 bench.b
 S="python3 -m xrt bench bench.scenario=serve executor=cudagraph"
 C1="bench.max_concurrency=1 bench.request_rate=[0]"
 M8="model=qwen3-8b model.load_format=dummy"
-# 0. session 32's persistent MLP prototype (bench/results/cpu-issue26-s32): checks, then timed against xrt's ops
-[ $(left) -gt 150 ] && { timeout 100 python3 bench/results/cpu-issue26-s32/mlp_persistent.py --gpu > $R/mlp.log 2>&1
-  save mlp $?; }
 for i in a b; do
   [ $(left) -gt 120 ] || break
   timeout 60 $B bench.out_dir=$R/lat_$i > $R/lat_$i.log 2>&1; save lat_$i $?
@@ -39,5 +35,4 @@ cat $R/gpu.txt $R/times.txt
 for f in $R/lat*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
 grep -E "Mean TTFT|Server|of which|HTTP round|Mean TPOT" $R/serve*.log
 grep -h 'the step, start to end\|graph launch\|idle before' $R/step_head*.log
-cat $R/mlp.log
 cat $R/rates/results.md $R/rates8/results.md 2>/dev/null | grep '^|'
