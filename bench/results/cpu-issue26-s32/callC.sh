@@ -16,7 +16,7 @@ git apply bench/results/cpu-issue26-s32/persistent_mlp.patch || exit 1
 timeout 200 python3 -m pytest -q -rfE --gpu -m gpu tests/kernels/test_mlp_persistent_gpu.py \
   tests/executor/test_cudagraph_gpu.py -k "persistent or mlp" -p no:cacheprovider > $R/suite-mlp.log 2>&1
 save suite-mlp $?
-[ $(left) -gt 200 ] && { timeout 120 python3 bench/results/cpu-issue26-s32/mlp_time.py > $R/mlp_time.log 2>&1
+[ $(left) -gt 230 ] && { timeout 180 python3 bench/results/cpu-issue26-s32/mlp_time.py > $R/mlp_time.log 2>&1
   save mlp_time $?; }
 B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3 bench.batch=[1]"
 M8="model=qwen3-8b model.load_format=dummy"

@@ -15,7 +15,10 @@ import xrt.ops  # noqa: F401  (registers torch.ops.xrt)
 from xrt.kernels import mlp_persistent as mod
 
 VARIANTS = ({}, {"BN_A": 32}, {"BN_A": 8}, {"BN_B": 16}, {"BN_B": 4}, {"BK_A": 512}, {"BK_B": 256},
-            {"NUM_WARPS": 8})
+            {"NUM_WARPS": 8},
+            # more bytes in flight a program (one program an SM has only its own loads to hide latency with)
+            {"BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8}, {"BN_A": 32, "BN_B": 16, "NUM_WARPS": 8},
+            {"BN_A": 8, "BK_A": 1024, "BK_B": 1024, "NUM_WARPS": 8}, {"BK_A": 1024, "BK_B": 1024, "NUM_WARPS": 16})
 
 
 def weights(hidden: int, ff: int, seed: int) -> list[torch.Tensor]:
