@@ -4,7 +4,7 @@ against the three launches it replaces, at batch 1 on the Qwen3-0.6B and 8B shap
 tile sizes varied one at a time (module constants of xrt.kernels.mlp_persistent, read at each call).
 
   git apply bench/results/cpu-issue26-s32/persistent_mlp.patch
-  python bench/results/cpu-issue26-s32/mlp_time.py [best.json]
+  python bench/results/cpu-issue26-s32/mlp_time.py [--pipelined] [best.json]
 
 The variant with the lowest mean time relative to the three ops over both shapes goes to best.json (every constant),
 which callC.sh writes into the module for its end-to-end A/B."""
@@ -28,7 +28,16 @@ VARIANTS = ({}, {"BN_A": 32}, {"BN_A": 8}, {"BN_B": 16}, {"BN_B": 4}, {"BK_A": 5
             # the next chunk's loads ahead of the FMAs on the one in hand
             {"PREFETCH": True}, {"PREFETCH": True, "NUM_WARPS": 8},
             {"PREFETCH": True, "BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8}, {"PREFETCH": True, "BN_A": 8, "BK_A": 512})
-NAMES = ("BN_A", "BK_A", "BN_B", "BK_B", "NUM_WARPS", "PREFETCH")
+# Session 33 (`--pipelined`): the K loops pipelined through shared memory by Triton (STAGES), against the best of
+# the above on the H100 (bench/results/h100-issue26-s12)
+PIPELINED = ({"PREFETCH": True, "BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8},
+             {"STAGES": 3}, {"STAGES": 3, "NUM_WARPS": 8}, {"STAGES": 4, "NUM_WARPS": 8}, {"STAGES": 6, "NUM_WARPS": 8},
+             {"STAGES": 3, "BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8},
+             {"STAGES": 4, "BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8},
+             {"STAGES": 4, "BN_B": 16, "BK_A": 512, "BK_B": 1024, "NUM_WARPS": 8},
+             {"STAGES": 4, "BN_A": 32, "BN_B": 16, "NUM_WARPS": 8},
+             {"STAGES": 3, "BN_A": 8, "BK_A": 1024, "BK_B": 1024})
+NAMES = ("BN_A", "BK_A", "BN_B", "BK_B", "NUM_WARPS", "PREFETCH", "STAGES")
 
 
 def weights(hidden: int, ff: int, seed: int) -> list[torch.Tensor]:
@@ -62,10 +71,10 @@ def graph_us(fn, layers: int, reps: int = 30) -> float:
     return statistics.median(times)
 
 
-def main(best_path: str | None, layers: int = 28) -> None:
+def main(best_path: str | None, variants: tuple[dict, ...], layers: int = 28) -> None:
     print(torch.cuda.get_device_name(), flush=True)
     defaults = {name: getattr(mod, name) for name in NAMES}
-    rel: dict[int, list[float]] = {i: [] for i in range(len(VARIANTS))}
+    rel: dict[int, list[float]] = {i: [] for i in range(len(variants))}
     for hidden, ff in ((1024, 3072), (4096, 12288)):
         ws = [weights(hidden, ff, i) for i in range(layers)]
         mb = 3 * hidden * ff * 2 / 1e6
@@ -83,7 +92,7 @@ def main(best_path: str | None, layers: int = 28) -> None:
         base = graph_us(three_ops, layers)
         print(f"H={hidden} FF={ff} ({mb:.1f} MB of weights a layer): three ops {base:.2f} us a layer "
               f"({mb / base:.2f} TB/s)", flush=True)
-        for i, variant in enumerate(VARIANTS):
+        for i, variant in enumerate(variants):
             for name, value in variant.items():
                 setattr(mod, name, value)
             try:
@@ -100,7 +109,7 @@ def main(best_path: str | None, layers: int = 28) -> None:
     timed = {i: statistics.mean(r) for i, r in rel.items() if len(r) == 2}
     if timed:
         i = min(timed, key=timed.get)
-        best = {**defaults, **VARIANTS[i], "relative": timed[i]}
+        best = {**defaults, **variants[i], "relative": timed[i]}
         print(f"best over both shapes: {best}, {timed[i] - 1:+.1%} against the three ops on average", flush=True)
         if best_path:
             with open(best_path, "w") as f:
@@ -108,4 +117,5 @@ def main(best_path: str | None, layers: int = 28) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    args = [a for a in sys.argv[1:] if a != "--pipelined"]
+    main(args[0] if args else None, PIPELINED if "--pipelined" in sys.argv else VARIANTS)
