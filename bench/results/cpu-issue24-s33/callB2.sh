@@ -1,6 +1,6 @@
 # Issue 24's H200 check cut to what session 33's device time allows (carrying [".whl", ".whl-serve", ".fi/.cache"],
 # the FlashInfer cache without its f16 and fa2 modules, to stay under the carry limit). From the repository root:
-# `END_S=400 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue24-s33/callB2.sh`. In order, while time is left:
+# `END_S=220 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue24-s33/callB2.sh`. In order, while time is left:
 # 0. one untimed offline run, so that the timed ones find every kernel compiled (a fresh machine);
 # 1. 0.6B offline batch 1 and the server at concurrency 1, alternating twice (the TTFT excess and /metrics TTFT);
 # 2. Qwen3-8B (dummy weights) offline batch 1, then served at concurrency 1.
@@ -8,15 +8,15 @@
 source scripts/gpu_env.sh || exit 1
 R=/tmp/r; rm -rf $R; mkdir -p $R; s=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
-left() { echo $(( ${END_S:-400} - ($(date +%s)-s) )); }
+left() { echo $(( ${END_S:-220} - ($(date +%s)-s) )); }
 save() { echo "$1 rc=$2 $(( $(date +%s)-s )) s" >> $R/times.txt; tar -czf $OUT/r.tgz -C /tmp r; }
 B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3 bench.batch=[1]"
 S="python3 -m xrt bench bench.scenario=serve executor=cudagraph"
 C1="bench.max_concurrency=1 bench.request_rate=[0]"
 M8="model=qwen3-8b model.load_format=dummy"
-timeout 200 $B bench.iters=1 bench.out_dir=$R/warm > $R/warm.log 2>&1; save warm $?
+timeout $(( $(left) - 60 )) $B bench.iters=1 bench.out_dir=$R/warm > $R/warm.log 2>&1; save warm $?
 for i in a b; do
-  [ $(left) -gt 200 ] || break
+  [ $(left) -gt 70 ] || break
   timeout 60 $B bench.out_dir=$R/lat_$i > $R/lat_$i.log 2>&1; save lat_$i $?
   timeout 60 $S $C1 bench.num_requests=32 bench.out_dir=$R/serve_$i > $R/serve_$i.log 2>&1; save serve_$i $?
 done
