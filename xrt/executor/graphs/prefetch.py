@@ -26,7 +26,6 @@ class L2WeightPrefetch:
         self.max_rows = max_rows
         # On CPU (the tests' re-run "graphs") there is no stream to fork: the op, a no-op there, runs in line.
         self.side = torch.cuda.Stream(device) if mode is L2Prefetch.BRANCH and device.type == "cuda" else None
-        self.issued = 0  # requests since the last join, for the join and the tests
         self._forked = False
 
     @classmethod
@@ -40,7 +39,6 @@ class L2WeightPrefetch:
 
     def issue(self, weights: Sequence[torch.Tensor], pdl: bool) -> None:
         """Ask L2 for weights, after what the current stream has queued so far."""
-        self.issued += 1
         if self.side is None:
             torch.ops.xrt.prefetch_l2(list(weights), pdl)
             return
@@ -56,4 +54,3 @@ class L2WeightPrefetch:
             assert self.side is not None
             torch.cuda.current_stream(self.side.device).wait_stream(self.side)
             self._forked = False
-        self.issued = 0
