@@ -14,6 +14,7 @@ for that kernel: the next kernel's own wait, on this one, still orders it after 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -81,7 +82,7 @@ def prefetch_l2(weights: Sequence[torch.Tensor], pdl: bool | None = None) -> Non
     if any(t.device != device for t in flat):
         raise ValueError(f"prefetch_l2: expected every tensor on {device}, got {[str(t.device) for t in flat]}")
     sizes = [t.numel() for t in flat]
-    ends = list(torch.tensor(programs_for(sizes)).cumsum(0).tolist())
+    ends = list(itertools.accumulate(programs_for(sizes)))
     args: list[object] = []
     for i in range(MAX_TENSORS):
         t = flat[min(i, len(flat) - 1)]  # unused slots repeat the last tensor (COUNT leaves them out)
