@@ -65,7 +65,6 @@ class Launch:
     kernel: Any  # triton's JITFunction
     args: tuple[Any, ...]
     kwargs: dict[str, Any]  # the constexprs and launch options passed by name
-    grid: Any = None  # as the wrapper passed it
 
     @property
     def name(self) -> str:
@@ -84,7 +83,7 @@ def launches(fn: Callable[[], object]) -> list[Launch]:
     original = JITFunction.run
 
     def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        recorded.append(Launch(self, args, kwargs, grid))
+        recorded.append(Launch(self, args, kwargs))
 
     JITFunction.run = record  # type: ignore[method-assign]
     try:

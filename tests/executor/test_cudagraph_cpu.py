@@ -12,20 +12,10 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from op_log import XrtOpLog
 
 from xrt.attention.flashinfer import FlashInferUnavailable, unsupported_reason
 from xrt.attention.torch_ref import TorchRefBackend
-from xrt.config import (
-    CacheArgs,
-    Device,
-    ExecutorArgs,
-    ExecutorKind,
-    L2Prefetch,
-    LoadFormat,
-    PrefetchWeight,
-    XrtConfig,
-)
+from xrt.config import CacheArgs, Device, ExecutorArgs, ExecutorKind, LoadFormat, XrtConfig
 from xrt.executor.buffers import StagedBuffer
 from xrt.executor.factory import build_runner
 from xrt.executor.graphs.capture import RerunCapture
@@ -299,34 +289,3 @@ def test_launched_step_takes_its_tokens_from_the_previous_launch(runner: ModelRu
         runner.launch_decode(DecodeBatch([0], [0], [0], [0], tables), first)
     with pytest.raises(ValueError, match="9 sequences exceed the largest graph"):
         runner.launch_decode(DecodeBatch([0] * 9, [-1] * 9, [0] * 9, [0] * 9, tables), None)
-
-
-@pytest.mark.parametrize("mode", [L2Prefetch.BRANCH, L2Prefetch.INLINE])
-def test_l2_prefetch_asks_for_each_layers_weights_after_its_qkv(mode: L2Prefetch) -> None:
-    """executor.l2_prefetch: a replayed decode graph of at most l2_prefetch_max_rows rows asks L2, once a layer and
-    right after its qkv projection, for that layer's weights named in l2_prefetch_weights (in that order); larger
-    graphs and eager steps ask for nothing, and the logits are the eager path's."""
-    weights = [PrefetchWeight.GATE_UP, PrefetchWeight.O_PROJ]
-    pf = ModelRunner(config(ExecutorKind.CUDAGRAPH, l2_prefetch=mode, l2_prefetch_weights=weights,
-                            l2_prefetch_max_rows=2), capture=RerunCapture())
-    layers = pf.model.model.layers
-    want = [(layer.mlp.gate_up_proj.weight, layer.self_attn.o_proj.weight) for layer in layers]
-    for batch, asks in ((1, True), (2, True), (3, False)):
-        step = random_decode_step(batch, random.Random(batch))
-        eager = pf.execute_eager(step).clone()
-        with XrtOpLog() as log:
-            got = pf.execute(step)
-        torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
-        asked = [args[0] for name, args in zip(log.calls, log.args, strict=True) if name == "prefetch_l2"]
-        assert len(asked) == (len(layers) if asks else 0), (batch, log.calls)
-        for got_weights, layer_weights in zip(asked, want, strict=False):
-            assert [w.data_ptr() for w in got_weights] == [w.data_ptr() for w in layer_weights]
-        if asks:  # between the layer's input norm and its attention: after the qkv projection (a plain mm on CPU)
-            at = [i for i, name in enumerate(log.calls) if name == "prefetch_l2"]
-            assert all(log.calls[i - 1] in ("rms_norm", "fused_add_rms_norm")
-                       and log.calls[i + 1] == "qk_norm_rope_store_kv" for i in at), log.calls
-    with XrtOpLog() as log:
-        pf.execute_eager(random_decode_step(1, random.Random(1)))
-    assert "prefetch_l2" not in log.calls
-    off = ModelRunner(config(ExecutorKind.CUDAGRAPH), capture=RerunCapture())
-    assert off.decode_graphs is not None and off.decode_graphs.prefetch is None

@@ -236,23 +236,3 @@ def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, objec
         assert err < 2e-2, f"batch {batch} step {step_i}: relative logit difference {err:.3e}"
         if step_i == 0:
             assert torch.equal(fused.execute_eager(step), got), "fused eager and replayed decode differ"
-
-
-@pytest.mark.parametrize("mode", ["branch", "inline"])
-def test_l2_prefetch_changes_no_result(llms: tuple[object, object], mode: str) -> None:
-    """executor.l2_prefetch (a hint to L2, a side branch of the graph or a PDL kernel in the chain): greedy
-    generations through the overlapped launches identical to eager, and a replayed decode step's logits bit for bit
-    the eager ones, at batches it applies to (1, 7 padded to 8) and one it does not (100)."""
-    from xrt.config import L2Prefetch
-    from xrt.engine.llm import LLM
-
-    eager = llms[0]
-    llm = LLM(graph_config(ExecutorKind.CUDAGRAPH, l2_prefetch=L2Prefetch(mode)))
-    runner = llm.engine.runner  # type: ignore[attr-defined]
-    assert runner.decode_graphs.prefetch is not None and runner.decode_graphs.prefetch.mode is L2Prefetch(mode)
-    for batch in (1, 7, 100):
-        prompts, sampling = workload(batch, seed=200 + batch)
-        assert generations(llm, prompts, sampling) == generations(eager, prompts, sampling), batch
-        step = random_decode_step(batch, random.Random(300 + batch))
-        want = runner.execute_eager(step).clone()
-        assert torch.equal(runner.execute(step), want), batch

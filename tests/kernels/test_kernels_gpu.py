@@ -433,30 +433,3 @@ def test_kernels_replay_in_a_cuda_graph_after_warmup(device: torch.device) -> No
         assert_close(static["qkv"], r["qkv"], dtype, "graph qk_norm_rope_store_kv qkv")
         assert_close(static["cache"], r["cache"], dtype, "graph qk_norm_rope_store_kv cache")
         assert_close(outs["act"], reference.silu_and_mul(r["gu"]), dtype, "graph silu_and_mul")
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-def test_prefetch_l2_runs_and_changes_nothing(device: torch.device, pdl: bool) -> None:
-    """xrt::prefetch_l2 (requests to L2, nothing read into registers, nothing written) on tensors of sizes that are
-    and are not whole lines, eagerly and replayed in a CUDA graph behind a kernel writing one of them: the tensors
-    keep their values, and what the kernel wrote is what a later read sees."""
-    import xrt.ops  # noqa: F401
-
-    gen = torch.Generator().manual_seed(4)
-    weights = [randn(gen, n, dtype=torch.bfloat16).to(device) for n in (3072 * 1024, 1000, 7)]
-    before = [w.clone() for w in weights]
-    torch.ops.xrt.prefetch_l2(weights, pdl)
-    torch.cuda.synchronize(device)
-    assert all(torch.equal(w, b) for w, b in zip(weights, before, strict=True))
-    src = randn(gen, 1000, dtype=torch.bfloat16).to(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        weights[1].copy_(src)
-        torch.ops.xrt.prefetch_l2(weights, pdl)
-        out = weights[1] * 2
-    for _ in range(2):
-        src.copy_(randn(gen, 1000, dtype=torch.bfloat16).to(device))
-        graph.replay()
-        torch.cuda.synchronize(device)
-        assert torch.equal(weights[1], src) and torch.equal(out, src * 2)
-        assert torch.equal(weights[0], before[0]) and torch.equal(weights[2], before[2])

@@ -6,8 +6,7 @@ cache, so the first layers compute while the later layers' KV is still arriving.
 load, and while capturing the decode graphs that wait for loads (the waits become nodes of the graph). `pdl`:
 whether the layers may ask for programmatic dependent launch in this pass; off in those same passes, where a PDL
 launch queued right behind a wait for a load's event would hold the host until the event completes (measured on
-the H200: bench/NOTES.md), so the host would stop queueing ahead of the copies. `prefetch`: where a layer asks
-L2 for its next weights (executor.l2_prefetch), set only while capturing the decode graphs it applies to."""
+the H200: bench/NOTES.md), so the host would stop queueing ahead of the copies."""
 
 from __future__ import annotations
 
@@ -15,18 +14,11 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from xrt.attention.backend import AttentionBackend
 from xrt.attention.metadata import AttentionMetadata
-
-
-class WeightPrefetch(Protocol):
-    """xrt.executor.graphs.prefetch.L2WeightPrefetch, as the layers see it."""
-
-    def issue(self, weights: Sequence[torch.Tensor], pdl: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +27,6 @@ class ForwardContext:
     backend: AttentionBackend
     kv_ready: Sequence[torch.cuda.Event | None] | None = None
     pdl: bool = True
-    prefetch: WeightPrefetch | None = None
 
     def wait_kv(self, layer_idx: int) -> None:
         """Order this layer's attention after the copies into its KV pages (a no-op with none pending)."""
@@ -49,8 +40,8 @@ _CTX: ContextVar[ForwardContext | None] = ContextVar("xrt_forward_context", defa
 @contextlib.contextmanager
 def forward_context(meta: AttentionMetadata, backend: AttentionBackend,
                     kv_ready: Sequence[torch.cuda.Event | None] | None = None,
-                    pdl: bool = True, prefetch: WeightPrefetch | None = None) -> Iterator[ForwardContext]:
-    ctx = ForwardContext(meta, backend, kv_ready, pdl, prefetch)
+                    pdl: bool = True) -> Iterator[ForwardContext]:
+    ctx = ForwardContext(meta, backend, kv_ready, pdl)
     token = _CTX.set(ctx)
     try:
         yield ctx

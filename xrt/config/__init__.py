@@ -13,13 +13,11 @@ from xrt.config.schema import (
     DType,
     ExecutorArgs,
     ExecutorKind,
-    L2Prefetch,
     LoadFormat,
     LogLevel,
     ModelArgs,
     ParallelArgs,
     ParallelBackend,
-    PrefetchWeight,
     PrefillAttention,
     SamplingArgs,
     SchedulerArgs,
@@ -30,7 +28,7 @@ from xrt.config.serve import ServeArgs
 
 __all__ = [
     "BenchArgs", "BenchObjective", "BenchPeer", "BenchScenario", "CacheArgs", "DType", "Device", "ExecutorArgs",
-    "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "L2LoadPolicy", "L2Prefetch", "LoadFormat",
-    "LogLevel", "ModelArgs", "ParallelArgs", "ParallelBackend", "PrefetchWeight", "PrefillAttention", "Problems",
-    "ProfileArgs", "SamplingArgs", "SchedulerArgs", "ServeArgs", "XrtConfig", "runtime_check",
+    "ExecutorKind", "KVTiers", "L1Args", "L2Args", "L2Backend", "L2LoadPolicy", "LoadFormat", "LogLevel",
+    "ModelArgs", "ParallelArgs", "ParallelBackend", "PrefillAttention", "Problems", "ProfileArgs", "SamplingArgs",
+    "SchedulerArgs", "ServeArgs", "XrtConfig", "runtime_check",
 ]

@@ -61,22 +61,6 @@ class PrefillAttention(enum.Enum):
     FA3 = "fa3"
 
 
-class L2Prefetch(enum.Enum):
-    """How a decode graph asks L2 for a layer's next weights while its attention runs (`executor.l2_prefetch`)."""
-
-    OFF = "off"
-    BRANCH = "branch"  # a kernel on a side branch of the graph, after the qkv projection
-    INLINE = "inline"  # a PDL kernel between the qkv projection and the attention
-
-
-class PrefetchWeight(enum.Enum):
-    """A decode layer's weights that `executor.l2_prefetch` asks L2 for, after its qkv projection."""
-
-    O_PROJ = "o_proj"
-    GATE_UP = "gate_up"
-    DOWN = "down"
-
-
 class ParallelBackend(enum.Enum):
     AUTO = "auto"
     NCCL = "nccl"
@@ -251,22 +235,6 @@ class ExecutorArgs:
         help="decode batches that xrt's Triton decode attention serves (CUDA, at most 8 rows) normalise and rotate q "
         "and k and write this step's K/V inside that kernel instead of in xrt::qk_norm_rope_store_kv: one launch a "
         "layer fewer (figures: bench/NOTES.md)",
-    )
-    l2_prefetch: L2Prefetch = field(
-        L2Prefetch.OFF,
-        help="decode graphs of at most l2_prefetch_max_rows rows ask the GPU's L2 for each layer's "
-        "l2_prefetch_weights right after its qkv projection, so that they stream from memory while the "
-        "latency-bound attention leaves it idle and the projections after it read them from L2. branch: one "
-        "kernel on a side branch of the graph; inline: one PDL kernel in the chain; off until measured "
-        "(figures: bench/NOTES.md)",
-    )
-    l2_prefetch_weights: list[PrefetchWeight] = field(
-        factory=lambda: list(PrefetchWeight),
-        help="the weights executor.l2_prefetch asks for, in this order",
-    )
-    l2_prefetch_max_rows: int = field(
-        8, help="largest decode graph (rows) that executor.l2_prefetch applies to: larger batches' attention uses "
-        "the memory itself", validator=ge(0),
     )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "

@@ -26,7 +26,6 @@ from xrt.executor.graphs.capture import CaptureStrategy, CudaGraphCapture
 from xrt.executor.graphs.decode import DecodeGraphs
 from xrt.executor.graphs.decode_inputs import PendingDecode
 from xrt.executor.graphs.parts import GraphParts
-from xrt.executor.graphs.prefetch import L2WeightPrefetch
 from xrt.executor.graphs.prefill import PrefillGraphs, graph_pool_bytes, prefill_reserve, static_bytes
 from xrt.executor.graphs.prefill_inputs import PrefillShapes
 from xrt.executor.interface import PendingTokens
@@ -188,8 +187,7 @@ class ModelRunner:
         ex = self.cfg.executor
         parts = GraphParts(self.model, self.backend, capture, self.device, self.page_size, ex.capture_sampling)
         buckets = Buckets.from_args(ex)
-        self.decode_graphs = DecodeGraphs(parts, buckets, self.max_pages_per_seq, ex.staging_loop_max_rows,
-                                          L2WeightPrefetch.of(ex, self.device))
+        self.decode_graphs = DecodeGraphs(parts, buckets, self.max_pages_per_seq, ex.staging_loop_max_rows)
         self.decode_graphs.capture(self.kv_cache.arrivals.graph_waits() if self.cfg.cache.tiers is not KVTiers.GPU
                                    else None)
         # The engine launches greedy decode steps itself (launch_decode) up to this many sequences.

@@ -62,9 +62,6 @@ class QKNormSelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps, dtype, device, options)
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
-        # Weights to ask L2 for once qkv is out, where the forward pass offers it (ForwardContext.prefetch): the
-        # decoder layer sets them (executor.l2_prefetch_weights).
-        self.prefetch: tuple[torch.Tensor, ...] = ()
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # [T, (H + 2 KV) * D]: normalised and rotated in place below, or by the attention kernel where it fuses that
@@ -73,9 +70,6 @@ class QKNormSelfAttention(nn.Module):
         ctx = get_forward_context()
         attn = self.attn
         pdl = t <= self.pdl_max_rows and ctx.pdl  # as `uses_pdl`, with the context at hand
-        if self.prefetch and ctx.prefetch is not None:
-            # Streamed into L2 while the attention below, latency-bound, leaves the memory idle.
-            ctx.prefetch.issue(self.prefetch, pdl)
         # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the copy
         # fills was handed to another sequence since (preemption)
         ctx.wait_kv(attn.layer_idx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xrt.attention.context import pdl_allowed
-from xrt.config import ExecutorArgs, L2Prefetch
+from xrt.config import ExecutorArgs
 
 
 @dataclass(frozen=True)
@@ -22,17 +22,12 @@ class LayerOptions:
     # The gated MLP's gate_up and silu_and_mul as one xrt::linear_silu_and_mul where xrt::linear would run
     # (executor.fuse_activation).
     fuse_activation: bool = True
-    # The weights a decode layer asks L2 for after its qkv projection, by name (executor.l2_prefetch_weights; none
-    # with executor.l2_prefetch=off), where the forward pass offers a way to (`ForwardContext.prefetch`).
-    prefetch_weights: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
-        prefetch = executor.l2_prefetch is not L2Prefetch.OFF
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
                    pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
-                   fuse_activation=executor.fuse_activation,
-                   prefetch_weights=tuple(w.value for w in executor.l2_prefetch_weights) if prefetch else ())
+                   fuse_activation=executor.fuse_activation)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

@@ -46,11 +46,6 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device, tp, options)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
-        # What the attention asks L2 for after its qkv projection (LayerOptions.prefetch_weights): the weights read
-        # after the attention, in the order they are read.
-        weights = {"o_proj": self.self_attn.o_proj.weight, "gate_up": self.mlp.gate_up_proj.weight,
-                   "down": self.mlp.down_proj.weight}
-        self.self_attn.prefetch = tuple(weights[name] for name in options.prefetch_weights)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None

@@ -22,7 +22,6 @@ KERNELS = {
     "qk_norm_rope_store_kv": "qk_norm_rope.qk_norm_rope_store_kv",
     "silu_and_mul": "silu_and_mul.silu_and_mul",
     "store_kv": "store_kv.store_kv",
-    "prefetch_l2": "prefetch.prefetch_l2",
 }
 register_kernels("cuda", "xrt.kernels", KERNELS)
 

@@ -98,12 +98,6 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor, pdl: bool | None = None
     torch.argmax(logits, dim=-1, out=out)
 
 
-@op("(Tensor[] weights, bool? pdl=None) -> ()")
-def prefetch_l2(weights: list[torch.Tensor], pdl: bool | None = None) -> None:
-    """A hint, no result: on CUDA, ask the GPU's L2 for every byte of each weight (1 to 4 contiguous tensors), so
-    that a kernel reading them soon after finds them there (`xrt.kernels.prefetch`). Elsewhere nothing to do."""
-
-
 @op("(Tensor k, Tensor v, Tensor(a2!) kv_cache, Tensor slot_mapping, bool? pdl=None) -> ()")
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, pdl: bool | None = None

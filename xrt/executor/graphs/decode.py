@@ -25,7 +25,6 @@ from xrt.executor.graphs.decode_inputs import (
     stage_decode,
 )
 from xrt.executor.graphs.parts import GraphParts
-from xrt.executor.graphs.prefetch import L2WeightPrefetch
 from xrt.executor.step import DecodeBatch, StepInput
 from xrt.log import get_logger
 from xrt.units import GiB
@@ -43,13 +42,10 @@ class DecodeGraph:
 
 
 class DecodeGraphs:
-    """loop_max_rows: executor.staging_loop_max_rows (stage_decode's per-row loop vs vectorized). prefetch:
-    executor.l2_prefetch's (None: off)."""
+    """loop_max_rows: executor.staging_loop_max_rows (stage_decode's per-row loop vs vectorized)."""
 
-    def __init__(self, parts: GraphParts, buckets: Buckets, max_pages_per_seq: int, loop_max_rows: int,
-                 prefetch: L2WeightPrefetch | None = None) -> None:
+    def __init__(self, parts: GraphParts, buckets: Buckets, max_pages_per_seq: int, loop_max_rows: int) -> None:
         self.parts = parts
-        self.prefetch = prefetch
         self.buckets = buckets
         self.max_pages_per_seq = max_pages_per_seq
         self.loop_max_rows = loop_max_rows
@@ -96,12 +92,9 @@ class DecodeGraphs:
         inp = self.inputs
         input_ids = inp.token_pool.index_select(0, inp.sources[:bucket])
         pdl = waits is None
-        prefetch = self.prefetch if self.prefetch is not None and pdl and self.prefetch.applies(bucket) else None
-        hidden = self.parts.forward(input_ids, meta, waits, pdl, prefetch)
+        hidden = self.parts.forward(input_ids, meta, waits, pdl)
         logits = self.static_logits[:bucket]
         self.parts.logits_into(hidden, logits, inp.argmax[:bucket], pdl)
-        if prefetch is not None:
-            prefetch.join()
         return logits
 
     def capture(self, waits: Waits | None = None) -> None:

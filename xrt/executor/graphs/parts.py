@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from xrt.attention.backend import AttentionBackend
-from xrt.attention.context import WeightPrefetch, forward_context
+from xrt.attention.context import forward_context
 from xrt.attention.metadata import AttentionMetadata
 from xrt.executor.graphs.capture import CaptureStrategy
 
@@ -56,9 +56,8 @@ class GraphParts:
         return torch.zeros(rows, head.num_embeddings, dtype=head.weight.dtype, device=self.device)
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
-                kv_ready: Sequence[torch.cuda.Event | None] | None = None, pdl: bool = True,
-                prefetch: WeightPrefetch | None = None) -> torch.Tensor:
-        with forward_context(meta, self.backend, kv_ready, pdl, prefetch):
+                kv_ready: Sequence[torch.cuda.Event | None] | None = None, pdl: bool = True) -> torch.Tensor:
+        with forward_context(meta, self.backend, kv_ready, pdl):
             return self.model(input_ids, meta.positions)
 
     def forward_head(self, input_ids: torch.Tensor, meta: AttentionMetadata, num_layers: int
