@@ -1,6 +1,6 @@
 # For the next machine, carrying [".whl", ".whl-serve"] and .fi where this checkout has one (a cache an earlier call
 # returned, unpacked with `cat fi.tar.xz.* | tar -xJ`): `END_S=570 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue26-s35/next.sh`.
-# Lands bench/results/cpu-issue26-s34/gemv_m8.patch if it holds. In order, results in $OUT/r4.tgz after every step:
+# Decides whether bench/results/cpu-issue26-s34/gemv_m8.patch lands. In order, results in $OUT/r4.tgz after every step:
 # 1. 0.6B TPOT at batches 1 and 8, HEAD / patch alternating twice (session 35 had one pair: 1.517 -> 1.408 ms);
 # 2. the whole GPU suite with the patch applied, for the time left (`suite.log`, -rfE: failures and errors named).
 #    A fresh machine compiles every Triton kernel the suite uses; if the suite is cut off, run this script again with
