@@ -1,8 +1,15 @@
 # Source on the GPU machine, from the repo root: `source scripts/gpu_env.sh`.
 # Installs the carried wheels (.whl/, from ../shared/tools/gpu-wheels.sh) into /tmp/site and sets the
-# environment xrt's GPU runs use. Carry [".whl", ".fi"] in the device call.
+# environment xrt's GPU runs use. Carry [".whl", ".fi"] in the device call, or [".whl", ".whl-serve", ".fi-pack"].
+# .fi-pack holds the caches compressed (the fi.tar.xz.* parts a call returned, ~10 MB against ~140 MB of .fi with
+# Triton's kernels): a fresh machine unpacks them into .fi and starts with every kernel compiled, which both
+# directories together could not carry.
+if [ ! -d .fi ] && ls .fi-pack/fi.tar.xz.* >/dev/null 2>&1; then
+  cat .fi-pack/fi.tar.xz.* | tar -xJ || return 1
+fi
 bash .whl/install.sh || return 1
-# The serve extra (scripts/gpu_serve_wheels.sh), when carried: carry it with .whl alone, as .fi would pass the limit.
+# The serve extra (scripts/gpu_serve_wheels.sh), when carried: carry it with .whl and .fi-pack, as .fi would pass the
+# limit.
 if [ -d .whl-serve ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-serve/*.whl || return 1
 fi

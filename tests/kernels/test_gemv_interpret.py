@@ -129,12 +129,12 @@ def test_measured_configs_are_valid_and_used() -> None:
         g.check_config(cfg)
         assert cfg.use_dot or g._fma_fits(cfg, K), cfg
         assert g.pick_config(M, N, K) == cfg
-    assert g.prefer_gemv(1, 4096, 1024) and not g.prefer_gemv(8, 4096, 1024) and g.prefer_gemv(8, 1024, 3072)
-    assert not g.prefer_gemv(9, 1024, 3072)
-    # 0.6B's qkv and gate_up: the kernel at M <= 4 (measured at 2 and 4; 3 takes 4's), cuBLAS at 5..8.
+    assert g.prefer_gemv(1, 4096, 1024) and g.prefer_gemv(8, 1024, 3072) and not g.prefer_gemv(9, 1024, 3072)
+    # 0.6B's qkv and gate_up: the kernel up to M = 8 (3 takes 4's config, 5..8 the same tile), cuBLAS past it.
     for N, K in (checks.QWEN3_06B["qkv"], checks.QWEN3_06B["gate_up"]):
-        assert [g.prefer_gemv(M, N, K) for M in range(1, 10)] == [True] * 4 + [False] * 5
+        assert [g.prefer_gemv(M, N, K) for M in range(1, 10)] == [True] * 8 + [False]
         assert g.pick_config(3, N, K) == g._MEASURED[(N, K, 4)]
+        assert all(g.pick_config(M, N, K) == g._MEASURED[(N, K, 4)] for M in range(5, 9))
     # An 8B linear measured at 2 and 8 but not 4 takes the M = 8 winner at M = 3..8; the 8B lm_head at M = 2..4 takes
     # the tensor-core tile measured at 2 and 4, not the heuristic's FMA tile.
     for N, K in [v for k, v in checks.QWEN3_8B.items() if k != "lm_head"]:

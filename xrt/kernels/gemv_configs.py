@@ -79,6 +79,10 @@ _MEASURED = {
     (151936, 1024, 2): GemvConfig(2, 2, 512, 2),
     (4096, 1024, 4): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
     (6144, 1024, 4): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
+    # 0.6B's qkv and gate_up at M = 5-8 on the M = 3-4 tile (block_m 16 covers both): alone it ties cuBLAS, in a
+    # decode graph it joins the PDL chain that cuBLAS breaks (bench/results/h100-issue26-s13, -s14).
+    (4096, 1024, 8): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
+    (6144, 1024, 8): GemvConfig(16, 32, 128, 4, use_dot=True, num_stages=4),
     (6144, 4096, 1): GemvConfig(1, 1, 2048, 8),
     (4096, 4096, 1): GemvConfig(1, 1, 2048, 8),
     (24576, 4096, 1): GemvConfig(1, 1, 2048, 8),
@@ -106,9 +110,9 @@ def _bucket(M: int) -> int:
 
 def prefer_gemv(M: int, N: int, K: int) -> bool:
     """Whether this kernel beat cuBLAS for the shape: every measured shape at M = 1; at M = 2..8 the shapes
-    measured with a winning config at M's bucket or at 8 (every 8B linear; 0.6B's qkv and gate_up at M <= 4), and
-    otherwise narrow outputs (0.6B's o_proj, down) and lm_head, while cuBLAS won 0.6B's qkv and gate_up at M = 8
-    (figures: bench/NOTES.md)."""
+    measured with a winning config at M's bucket or at 8 (every 8B linear; 0.6B's qkv and gate_up, where the kernel
+    ties cuBLAS alone at M = 8 and wins in a decode graph), and otherwise narrow outputs (0.6B's o_proj, down) and
+    lm_head (figures: bench/NOTES.md)."""
     if M == 1:
         return True
     return M <= 8 and ((N, K, _bucket(M)) in _MEASURED or (N, K, 8) in _MEASURED or N <= 2048 or N >= 65536)
