@@ -51,6 +51,22 @@ def test_decode_attention_as_the_backend_builds_it(fake_timer: None, monkeypatch
     assert p.caches.shape[0] == 2 and xrt.us == 0.5 and xrt.nbytes == p.kv_bytes
 
 
+@INTERPRETER.in_process
+def test_qkv_epilogue_variants_pass_their_checks(fake_timer: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused qkv GEMM's lines at a shape it takes (16-bit, heads of 32; the tiny model's 16 falls back to the
+    two unfused lines only), each variant checked against cuBLAS + qk_norm_rope_store_kv before it is timed."""
+    from xrt.bench.kernels import qkv_epilogue
+
+    monkeypatch.setattr(qkv_epilogue, "VARIANTS", {"default": {"block_m": 16, "block_k": 32, "num_warps": 4},
+                                                    "dot per half": {"block_m": 16, "block_k": 32, "one_dot": False}})
+    cfg = _cfg("bench.kernel_tokens=[5]", "model.head_dim=32")
+    ms = list(qkv_epilogue.run(cfg, torch.bfloat16, CPU))
+    assert [(m.impl, m.role, m.status) for m in ms] == [
+        ("cuBLAS, qk_norm_rope_store_kv", "baseline", "ok"), ("cuBLAS", "candidate", "ok"),
+        ("fused default", "default", "ok"), ("fused dot per half", "candidate", "ok")], [m.note for m in ms]
+    assert len(list(qkv_epilogue.run(_cfg("bench.kernel_tokens=[5]"), torch.bfloat16, CPU))) == 2
+
+
 @INTERPRETER.subprocess_only
 def test_in_subprocess() -> None:
     INTERPRETER.rerun(__file__)

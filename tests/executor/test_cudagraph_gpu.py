@@ -236,3 +236,43 @@ def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, objec
         assert err < 2e-2, f"batch {batch} step {step_i}: relative logit difference {err:.3e}"
         if step_i == 0:
             assert torch.equal(fused.execute_eager(step), got), "fused eager and replayed decode differ"
+
+
+def test_fused_qkv_epilogue_prefill_matches_the_unfused(llms: tuple[object, object]) -> None:
+    """executor.fuse_qkv_epilogue: the prefill's qkv GEMM with the q/k norm, RoPE and KV write in its epilogue
+    (xrt.kernels.qkv_gemm: this shape's heads of 128 in bf16 take it). After a ragged prefill of three prompts the
+    logits and the K/V the prefill wrote are the unfused runner's within bf16 rounding (the GEMM sums in another
+    order than cuBLAS), the op ran once a layer, and the decode step reading that cache agrees too. With the
+    switch on, greedy generation is the same on the eager and graph executors (both prefill through the kernel)."""
+    from op_log import XrtOpLog
+
+    from xrt.engine.llm import LLM
+
+    fused_graph = LLM(graph_config(ExecutorKind.CUDAGRAPH, fuse_qkv_epilogue=True))
+    fused, unfused = fused_graph.engine.runner, llms[1].engine.runner  # type: ignore[attr-defined]
+    rng = random.Random(11)
+    lens = [37, 100, 9]
+    tables = [list(range(1000 + i * 16, 1000 + i * 16 + 16)) for i in range(len(lens))]
+    prefill = StepInput(True, [SeqChunk([rng.randrange(4096) for _ in range(n)], 0, t)
+                               for n, t in zip(lens, tables, strict=True)])
+    want = unfused.execute(prefill).clone()
+    log = XrtOpLog()
+    with log:
+        got = fused.execute(prefill).clone()
+    assert log.calls.count("linear_qk_norm_rope_store_kv") == fused.cfg.model.num_hidden_layers
+    assert "qk_norm_rope_store_kv" not in log.calls
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err < 2e-2, f"prefill: relative logit difference {err:.3e}"
+    for n, table in zip(lens, tables, strict=True):
+        slots = torch.arange(n)
+        pages, offsets = torch.tensor(table)[slots // PAGE_SIZE], slots % PAGE_SIZE
+        a = fused.kv_cache.tensor[:, pages, :, offsets].float()
+        b = unfused.kv_cache.tensor[:, pages, :, offsets].float()
+        assert ((a - b).abs().max() / b.abs().max()).item() < 2e-2, f"the K/V of a {n}-token prompt"
+    step = StepInput(False, [SeqChunk([rng.randrange(4096)], n, t) for n, t in zip(lens, tables, strict=True)])
+    want, got = unfused.execute(step), fused.execute(step)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, "the decode step after the prefill"
+
+    fused_eager = LLM(graph_config(ExecutorKind.EAGER, fuse_qkv_epilogue=True))
+    prompts, sampling = workload(7, 5)  # one prefill step of more rows than skinny_gemm_max_rows
+    assert generations(fused_eager, prompts, sampling) == generations(fused_graph, prompts, sampling)

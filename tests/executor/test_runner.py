@@ -244,3 +244,32 @@ def test_layers_hand_a_fusing_backend_the_raw_qkv() -> None:
         torch.testing.assert_close(fused.execute(step), ref.execute(step), rtol=0, atol=0)
     assert fused.backend.fused_calls == 2 * fused.cfg.model.num_hidden_layers
     assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)
+
+
+def test_fused_qkv_epilogue_runs_one_op_a_layer_for_prefill_rows() -> None:
+    """executor.fuse_qkv_epilogue: forward passes of more rows than skinny_gemm_max_rows run each layer's qkv
+    projection, q/k norm, RoPE and KV write as one xrt::linear_qk_norm_rope_store_kv (on CPU its reference: the same
+    ops), smaller ones the projection and xrt::qk_norm_rope_store_kv apart. Logits and cache equal the unfused
+    runner's bit for bit, through a prefill, a prefix continuation and a decode that reads what they wrote."""
+    from op_log import XrtOpLog
+
+    ref = ModelRunner(dummy_config(num_pages=16))
+    cfg = dummy_config(num_pages=16)
+    cfg.executor.fuse_qkv_epilogue = True
+    cfg.executor.skinny_gemm_max_rows = 4
+    fused = ModelRunner(cfg)
+    steps = [
+        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
+        StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
+        StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
+    ]
+    layers = cfg.model.num_hidden_layers
+    for step, fused_calls in zip(steps, (layers, layers, 0), strict=True):
+        want = ref.execute(step)
+        log = XrtOpLog()
+        with log:
+            got = fused.execute(step)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert log.calls.count("linear_qk_norm_rope_store_kv") == fused_calls
+        assert log.calls.count("qk_norm_rope_store_kv") == layers - fused_calls
+    assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)

@@ -1,8 +1,8 @@
-"""xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as
-their wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and
-without the KV write, store_kv, the split-KV decode attention (plain, and with the q/k norm, RoPE and KV write
-inside), the tiers' row copy, the greedy argmax. Each must compile and not spill. Skipped without triton's CUDA
-toolchain, and on CUDA machines, where the GPU tests launch the kernels themselves."""
+"""xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as their
+wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and without the
+KV write, store_kv, the qkv GEMM with them in its epilogue, the split-KV decode attention (plain, and with the q/k
+norm, RoPE and KV write inside), the tiers' row copy, the greedy argmax. Each must compile and not spill. Skipped
+without triton's CUDA toolchain, and on CUDA machines, where the GPU tests launch the kernels themselves."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from xrt.kernels.argmax import argmax_rows  # noqa: E402
 from xrt.kernels.copy_rows import copy_rows  # noqa: E402
 from xrt.kernels.decode_attention import DecodeAttention, QKNormRope  # noqa: E402
 from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
+from xrt.kernels.qkv_gemm import linear_qk_norm_rope_store_kv  # noqa: E402
 from xrt.kernels.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from xrt.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 from xrt.kernels.store_kv import store_kv  # noqa: E402
@@ -49,6 +50,9 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "qk_norm_rope_store_kv": lambda: qk_norm_rope_store_kv(qkv, head_w, head_w, cos_sin, positions, cache, slots,
                                                                heads, kv_heads, d, 1e-6),
         "store_kv": lambda: store_kv(k, v, cache, slots),
+        "linear_qk_norm_rope_store_kv": lambda: linear_qk_norm_rope_store_kv(
+            x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
+            kv_heads, d, 1e-6),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,
                                                   last, d**-0.5),
         "decode_attention rope": lambda: attention.run(

@@ -236,6 +236,13 @@ class ExecutorArgs:
         "and k and write this step's K/V inside that kernel instead of in xrt::qk_norm_rope_store_kv: one launch a "
         "layer fewer (figures: bench/NOTES.md)",
     )
+    fuse_qkv_epilogue: bool = field(
+        False,
+        help="forward passes of more rows than skinny_gemm_max_rows (prefill) run the qkv projection, q/k norm, RoPE "
+        "and KV write as one xrt::linear_qk_norm_rope_store_kv: on CUDA a Triton GEMM with the rest in its epilogue "
+        "instead of cuBLAS then xrt::qk_norm_rope_store_kv, so qkv is written once and not read back (off until "
+        "measured: bench/NOTES.md)",
+    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),

@@ -56,6 +56,7 @@ class QKNormSelfAttention(nn.Module):
         self.head_dim = head_dim
         self.eps = eps
         self.pdl_max_rows = options.pdl_max_rows
+        self.fuse_qkv_epilogue = options.fuse_qkv_epilogue
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, dtype, device, tp, options)
         # Their weights only: qk_norm_rope_store_kv normalises q and k.
         self.q_norm = RMSNorm(head_dim, eps, dtype, device, options)
@@ -64,25 +65,37 @@ class QKNormSelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        # [T, (H + 2 KV) * D]: normalised and rotated in place below, or by the attention kernel where it fuses that
-        qkv = self.qkv_proj(hidden)
-        t, h, kv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
         pdl = t <= self.pdl_max_rows and ctx.pdl  # as `uses_pdl`, with the context at hand
-        # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the copy
-        # fills was handed to another sequence since (preemption)
-        ctx.wait_kv(attn.layer_idx)
-        if ctx.backend.fuses_qk_norm_rope():
-            # The attention kernel normalises, rotates and writes this step's K/V itself (executor.fuse_qk_norm_rope).
-            rope = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
-                              ctx.meta.slot_mapping, self.eps)
-            out = ctx.backend.forward_fused(qkv, rope, attn.kv_cache, attn.layer_idx, attn.scale, pdl=pdl)
-            return self.o_proj(out.reshape(t, h * d))
-        torch.ops.xrt.qk_norm_rope_store_kv(
-            qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
-            ctx.meta.slot_mapping, h, kv, d, self.eps, pdl,
-        )
+        if self.fuse_qkv_epilogue and t > self.qkv_proj.skinny_rows and not ctx.backend.fuses_qk_norm_rope():
+            # One GEMM writes the normalised, rotated qkv and this step's K/V (executor.fuse_qkv_epilogue; on CPU
+            # the op's reference runs the same ops as below), so a tier's copy into this layer's pages must be in
+            # before the GEMM starts.
+            ctx.wait_kv(attn.layer_idx)
+            qkv = torch.ops.xrt.linear_qk_norm_rope_store_kv(
+                hidden, self.qkv_proj.weight, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache,
+                positions, attn.kv_cache, ctx.meta.slot_mapping, h, kv, d, self.eps,
+            )
+        else:
+            # [T, (H + 2 KV) * D]: normalised and rotated in place below, or by the attention kernel where it fuses
+            # that
+            qkv = self.qkv_proj(hidden)
+            # a tier's copy into this layer's pages first: also before this step's KV write, in case a page the
+            # copy fills was handed to another sequence since (preemption)
+            ctx.wait_kv(attn.layer_idx)
+            if ctx.backend.fuses_qk_norm_rope():
+                # The attention kernel normalises, rotates and writes this step's K/V itself
+                # (executor.fuse_qk_norm_rope).
+                rope = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
+                                  ctx.meta.slot_mapping, self.eps)
+                out = ctx.backend.forward_fused(qkv, rope, attn.kv_cache, attn.layer_idx, attn.scale, pdl=pdl)
+                return self.o_proj(out.reshape(t, h * d))
+            torch.ops.xrt.qk_norm_rope_store_kv(
+                qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
+                ctx.meta.slot_mapping, h, kv, d, self.eps, pdl,
+            )
         # Strided views of the packed, now normalised and rotated, qkv: no copies.
         q, k, v = qkv.view(t, h + 2 * kv, d).split((h, kv, kv), dim=1)
         out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v, pdl=pdl)

@@ -22,12 +22,15 @@ class LayerOptions:
     # The gated MLP's gate_up and silu_and_mul as one xrt::linear_silu_and_mul where xrt::linear would run
     # (executor.fuse_activation).
     fuse_activation: bool = True
+    # The prefill's qkv projection, q/k norm, RoPE and KV write as one xrt::linear_qk_norm_rope_store_kv on CUDA
+    # (executor.fuse_qkv_epilogue).
+    fuse_qkv_epilogue: bool = False
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
                    pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
-                   fuse_activation=executor.fuse_activation)
+                   fuse_activation=executor.fuse_activation, fuse_qkv_epilogue=executor.fuse_qkv_epilogue)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

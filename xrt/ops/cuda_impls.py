@@ -61,3 +61,26 @@ def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None 
 
 
 register_device_impl("linear_silu_and_mul", "cuda", linear_silu_and_mul)
+
+_qkv_supports = lazy_function("xrt.kernels.qkv_gemm", "supports")
+_qkv_gemm = lazy_function("xrt.kernels.qkv_gemm", "linear_qk_norm_rope_store_kv")
+_qk_norm_rope_store_kv = lazy_function("xrt.kernels.qk_norm_rope", "qk_norm_rope_store_kv")
+
+
+def linear_qk_norm_rope_store_kv(
+    x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+) -> torch.Tensor:
+    """One GEMM with the norm, RoPE and KV write in its epilogue (`xrt.kernels.qkv_gemm`) where it takes the
+    shape; elsewhere xrt::linear then the qk_norm_rope_store_kv kernel."""
+    if bool(_qkv_supports(x, head_dim)):
+        return _qkv_gemm(x, weight, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
+                         num_heads, num_kv_heads, head_dim, eps)
+    qkv = linear(x, weight)
+    _qk_norm_rope_store_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads,
+                           num_kv_heads, head_dim, eps)
+    return qkv
+
+
+register_device_impl("linear_qk_norm_rope_store_kv", "cuda", linear_qk_norm_rope_store_kv)

@@ -130,6 +130,26 @@ def qk_norm_rope_store_kv(
 
 
 @op(
+    "(Tensor x, Tensor weight, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
+    "Tensor(a6!) kv_cache, Tensor slot_mapping, SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, "
+    "float eps) -> Tensor",
+    _rows_by_out_features,
+)
+def linear_qk_norm_rope_store_kv(
+    x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+) -> torch.Tensor:
+    """The prefill's qkv projection and what follows it: qkv = linear(x, weight), then qk_norm_rope_store_kv on
+    it; returns qkv. On CUDA one GEMM with the rest in its epilogue where that kernel takes the shape
+    (`xrt.ops.cuda_impls.linear_qk_norm_rope_store_kv`)."""
+    qkv = linear(x, weight)
+    qk_norm_rope_store_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads,
+                          num_kv_heads, head_dim, eps)
+    return qkv
+
+
+@op(
     "(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, "
     "Tensor kv_last_page_len, float scale) -> Tensor",
     _like_first,

@@ -1,0 +1,135 @@
+"""xrt.kernels.qkv_gemm (the prefill's qkv GEMM with the q/k norm, RoPE and KV write in its epilogue) against its
+reference, xrt::linear then xrt::qk_norm_rope_store_kv in plain torch (`xrt.ops.reference`), and the op's CUDA
+routing: the kernel where it takes the shape, the two kernels apart elsewhere. The check is device-agnostic, so
+test_qkv_gemm_interpret.py runs it on CPU under TRITON_INTERPRET=1 with small tiles; the kernel module is imported
+inside it (collecting this file never imports triton)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from xrt.ops import reference
+
+EPS = 1e-6
+# Max |out - ref| / max |ref|. The GEMM sums in another order than torch.mm, so a head's rounded values (and
+# through its norm the whole head) may differ by an ulp of bf16.
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 4e-3}
+
+
+def rope_cache(max_pos: int, head_dim: int, theta: float = 1e6) -> torch.Tensor:
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().cpu().float(), ref.detach().cpu().float()
+    assert torch.isfinite(out).all(), "non-finite values"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def check_linear_qk_norm_rope_store_kv(
+    device: torch.device, dtype: torch.dtype, n_tokens: int, heads: int, kv_heads: int, head_dim: int, hidden: int,
+    page_size: int, seed: int = 0, **tiles: int,
+) -> None:
+    """One launch on random inputs (weights scaled as a checkpoint's, so the products stay O(1); about 1 slot in
+    4 is -1), against the reference on CPU: qkv, the written cache slots, and every other slot untouched."""
+    qkv_gemm = importlib.import_module("xrt.kernels.qkv_gemm")
+    gen = torch.Generator().manual_seed(seed)
+    width = (heads + 2 * kv_heads) * head_dim
+    x = torch.randn(n_tokens, hidden, generator=gen).to(dtype)
+    w = (torch.randn(width, hidden, generator=gen) / math.sqrt(hidden)).to(dtype)
+    q_w = (torch.randn(head_dim, generator=gen) * 0.5 + 1).to(dtype)
+    k_w = (torch.randn(head_dim, generator=gen) * 0.5 + 1).to(dtype)
+    cos_sin = rope_cache(4096, head_dim)
+    positions = torch.randint(0, 4096, (n_tokens,), generator=gen, dtype=torch.int64)
+    num_pages = math.ceil(n_tokens / page_size) + 2
+    cache = torch.randn(num_pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(num_pages * page_size, generator=gen)[:n_tokens]
+    slots = torch.where(torch.rand(n_tokens, generator=gen) < 0.25, -1, slots)
+    dims = (heads, kv_heads, head_dim, EPS)
+
+    cache_dev = cache.to(device, copy=True)
+    out = qkv_gemm.linear_qk_norm_rope_store_kv(
+        x.to(device), w.to(device), q_w.to(device), k_w.to(device), cos_sin.to(device), positions.to(device),
+        cache_dev, slots.to(device), *dims, **tiles)
+    ref_cache = cache.clone()
+    ref = reference.linear_qk_norm_rope_store_kv(x, w, q_w, k_w, cos_sin, positions, ref_cache, slots, *dims)
+    what = f"{dtype} T={n_tokens} H={heads} KV={kv_heads} D={head_dim} K={hidden} page={page_size}"
+    assert out.shape == ref.shape and out.dtype == dtype, what
+    err = rel_err(out, ref)
+    assert err < TOLERANCE[dtype], f"{what} qkv: relative error {err:.3e}"
+    err = rel_err(cache_dev, ref_cache)
+    assert err < TOLERANCE[dtype], f"{what} cache: relative error {err:.3e}"
+    untouched = torch.ones(num_pages * page_size, dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    flat = cache_dev.cpu().transpose(1, 2).reshape(num_pages * page_size, -1)
+    assert torch.equal(flat[untouched], cache.transpose(1, 2).reshape(num_pages * page_size, -1)[untouched]), (
+        f"{what}: wrote outside slot_mapping")
+
+
+SHAPES = [
+    # tokens, heads, kv heads, head_dim, hidden, page size: Qwen3-0.6B at a prefill graph bucket and an odd
+    # count, Qwen3-8B, and a 1-token launch
+    pytest.param(1024, 16, 8, 128, 1024, 16, id="0.6b-1024"),
+    pytest.param(1000, 16, 8, 128, 1024, 16, id="0.6b-1000"),
+    pytest.param(333, 32, 8, 128, 4096, 16, id="8b-333", marks=pytest.mark.slow),
+    pytest.param(1, 16, 8, 128, 1024, 16, id="0.6b-1", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)], ids=str)
+@pytest.mark.parametrize(("n_tokens", "heads", "kv_heads", "head_dim", "hidden", "page_size"), SHAPES)
+def test_linear_qk_norm_rope_store_kv(device: torch.device, dtype: torch.dtype, n_tokens: int, heads: int,
+                                      kv_heads: int, head_dim: int, hidden: int, page_size: int) -> None:
+    check_linear_qk_norm_rope_store_kv(device, dtype, n_tokens, heads, kv_heads, head_dim, hidden, page_size)
+
+
+def test_the_op_runs_the_kernel_where_it_takes_the_shape(device: torch.device,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.ops.xrt.linear_qk_norm_rope_store_kv on CUDA: the fused kernel for a 16-bit head of 128, xrt::linear
+    and the qk_norm_rope_store_kv kernel for what it does not take (head_dim 16, fp32); the same values each way."""
+    qkv_gemm = importlib.import_module("xrt.kernels.qkv_gemm")
+    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
+
+    calls: list[int] = []
+    real = qkv_gemm.linear_qk_norm_rope_store_kv
+    monkeypatch.setattr(qkv_gemm, "linear_qk_norm_rope_store_kv",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    for dtype, head_dim, fused in ((torch.bfloat16, 128, True), (torch.bfloat16, 16, False),
+                                   (torch.float32, 128, False)):
+        gen = torch.Generator().manual_seed(head_dim)
+        heads, kv_heads, hidden, t = 4, 2, 256, 40
+        x = torch.randn(t, hidden, generator=gen).to(dtype)
+        w = (torch.randn((heads + 2 * kv_heads) * head_dim, hidden, generator=gen) / 16).to(dtype)
+        ones = torch.ones(head_dim, dtype=dtype)
+        cos_sin = rope_cache(64, head_dim)
+        pos = torch.arange(t) % 64
+        cache = torch.zeros(8, 2, 16, kv_heads, head_dim, dtype=dtype)
+        slots = torch.arange(t)
+        dev = [v.to(device) for v in (x, w, ones, ones, cos_sin, pos, cache, slots)]
+        before = len(calls)
+        out = torch.ops.xrt.linear_qk_norm_rope_store_kv(*dev, heads, kv_heads, head_dim, EPS)
+        assert (len(calls) > before) == fused, (dtype, head_dim)
+        ref = reference.linear_qk_norm_rope_store_kv(x, w, ones, ones, cos_sin, pos, cache, slots, heads, kv_heads,
+                                                     head_dim, EPS)
+        tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+        assert rel_err(out, ref) < tol and rel_err(dev[6], cache) < tol, (dtype, head_dim)
+
+
+def test_the_kernel_rejects_what_it_does_not_take(device: torch.device) -> None:
+    """A clear error naming the argument, not a wrong result: fp32, a head of 16, a hidden size off the K step."""
+    qkv_gemm = importlib.import_module("xrt.kernels.qkv_gemm")
+    cache = torch.zeros(2, 2, 16, 1, 128, dtype=torch.bfloat16, device=device)
+    one = torch.zeros(3, dtype=torch.int64, device=device)
+    cs = torch.zeros(8, 128, device=device)
+    w128 = torch.ones(128, dtype=torch.bfloat16, device=device)
+    for x, w in ((torch.zeros(3, 64, device=device), torch.zeros(384, 64, device=device)),
+                 (torch.zeros(3, 96, dtype=torch.bfloat16, device=device),
+                  torch.zeros(384, 96, dtype=torch.bfloat16, device=device))):
+        with pytest.raises(ValueError, match="linear_qk_norm_rope_store_kv"):
+            qkv_gemm.linear_qk_norm_rope_store_kv(x, w, w128, w128, cs, one, cache, one, 1, 1, 128, EPS)

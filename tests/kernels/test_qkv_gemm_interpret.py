@@ -1,0 +1,46 @@
+"""xrt.kernels.qkv_gemm on CPU under TRITON_INTERPRET=1, through tests/kernels/test_qkv_gemm_gpu.py's check, on
+small shapes and tiles (the interpreter runs each program in Python). Skipped without triton (CI) and on CUDA
+machines, where test_qkv_gemm_gpu.py runs the compiled kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interpret_support import Interpreter
+
+INTERPRETER = Interpreter("kernels/test_qkv_gemm_gpu.py")
+checks = INTERPRETER.checks
+in_process = INTERPRETER.in_process
+CPU = torch.device("cpu")
+TILES = {"block_m": 16, "block_k": 32, "num_warps": 4}
+
+
+@in_process
+@pytest.mark.parametrize("one_dot", [True, False], ids=["one-dot", "dot-per-half"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("n_tokens", "heads", "kv_heads", "head_dim", "hidden", "page_size"),
+                         [(37, 4, 2, 32, 64, 4), (16, 2, 1, 64, 96, 16), (1, 3, 3, 32, 32, 1)], ids=str)
+def test_linear_qk_norm_rope_store_kv(dtype: torch.dtype, n_tokens: int, heads: int, kv_heads: int, head_dim: int,
+                                      hidden: int, page_size: int, one_dot: bool) -> None:
+    checks.check_linear_qk_norm_rope_store_kv(CPU, dtype, n_tokens, heads, kv_heads, head_dim, hidden, page_size,
+                                              one_dot=one_dot, **TILES)
+
+
+@in_process
+def test_rejects_fp32_and_small_heads() -> None:
+    from xrt.kernels.qkv_gemm import linear_qk_norm_rope_store_kv, supports
+
+    assert supports(torch.zeros(2, 64, dtype=torch.bfloat16), 32, 32)
+    assert not supports(torch.zeros(2, 64), 32, 32)  # fp32: no 16-bit tensor-core dot
+    assert not supports(torch.zeros(2, 64, dtype=torch.bfloat16), 16, 32)  # a half of 8 columns
+    assert not supports(torch.zeros(2, 48, dtype=torch.bfloat16), 32, 32)  # hidden off the K step
+    cache = torch.zeros(2, 2, 4, 1, 16)
+    with pytest.raises(ValueError, match="head_dim a power of two >= 32"):
+        linear_qk_norm_rope_store_kv(torch.zeros(2, 64), torch.zeros(48, 64), torch.ones(16), torch.ones(16),
+                                     torch.zeros(8, 16), torch.zeros(2, dtype=torch.int64), cache,
+                                     torch.zeros(2, dtype=torch.int64), 1, 1, 16, 1e-6)
+
+
+@INTERPRETER.subprocess_only
+def test_in_subprocess() -> None:
+    INTERPRETER.rerun(__file__)
