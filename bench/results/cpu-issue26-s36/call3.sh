@@ -1,0 +1,28 @@
+# Session 36's measurement of executor.fuse_qkv_epilogue (the prefill's qkv GEMM with the q/k norm, RoPE and KV
+# write in its epilogue), as a fresh machine's first call carrying [".whl", ".fi-pack"] (the caches compressed:
+# scripts/gpu_env.sh unpacks them): `END_S=160 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue26-s36/call3.sh`.
+# In order while time is left, results in $OUT/r8.tgz after every step:
+# 1. the new GPU tests (the kernel against its reference at the 0.6B / 8B shapes, the op's routing, the executor
+#    with the switch on against off);
+# 2. the kernels scenario's qkv_epilogue lines at 1024 and 8192 tokens (cuBLAS + qk_norm_rope_store_kv, cuBLAS
+#    alone, the fused kernel's tilings);
+# 3. 0.6B TTFT at batches 1 and 8, the switch off / on alternating (output 16 tokens: only the prefill matters).
+source scripts/gpu_env.sh || exit 1
+R=/tmp/r8; rm -rf $R; mkdir -p $R; s=$(date +%s)
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
+left() { echo $(( ${END_S:-160} - ($(date +%s)-s) )); }
+save() { echo "$1 rc=$2 $(( $(date +%s)-s )) s" >> $R/times.txt; tar -czf $OUT/r8.tgz -C /tmp r8; }
+timeout 60 python3 -m pytest --gpu -m gpu tests/kernels/test_qkv_gemm_gpu.py tests/executor/test_cudagraph_gpu.py \
+  -k "qkv" -q -rfE -p no:cacheprovider > $R/tests.log 2>&1; save tests $?
+timeout 45 python3 -m xrt bench bench.scenario=kernels "bench.kernels=[qkv_epilogue]" "bench.kernel_tokens=[1024,8192]" \
+  bench.out_dir=$R/kern > $R/kern.log 2>&1; save kern $?
+B="python3 -m xrt bench executor=cudagraph bench.peer=none bench.iters=3 bench.batch=[1,8] bench.output_len=16"
+for i in a b; do
+  for f in false true; do
+    [ $(left) -gt 20 ] || break 2
+    timeout $(( $(left) - 5 )) $B executor.fuse_qkv_epilogue=$f bench.out_dir=$R/ab_${f}_$i > $R/ab_${f}_$i.log 2>&1
+    save ab_${f}_$i $?
+  done
+done
+cat $R/gpu.txt $R/times.txt; tail -n 6 $R/tests.log; grep '^|' $R/kern/results.md | head -24
+for f in $R/ab_*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
