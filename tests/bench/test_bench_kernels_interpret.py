@@ -52,19 +52,24 @@ def test_decode_attention_as_the_backend_builds_it(fake_timer: None, monkeypatch
 
 
 @INTERPRETER.in_process
-def test_qkv_epilogue_variants_pass_their_checks(fake_timer: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused qkv GEMM's lines at a shape it takes (16-bit, heads of 32; the tiny model's 16 falls back to the
-    two unfused lines only), each variant checked against cuBLAS + qk_norm_rope_store_kv before it is timed."""
-    from xrt.bench.kernels import qkv_epilogue
+def test_prefill_epilogue_variants_pass_their_checks(fake_timer: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused prefill GEMMs' lines at a shape both take (16-bit, heads of 32; the tiny model's heads of 16 leave
+    the qkv case its two unfused lines), each variant checked against cuBLAS + the separate kernel before it is
+    timed."""
+    from xrt.bench.kernels import prefill_epilogues
 
-    monkeypatch.setattr(qkv_epilogue, "VARIANTS", {"default": {"block_m": 16, "block_k": 32, "num_warps": 4},
-                                                    "dot per half": {"block_m": 16, "block_k": 32, "one_dot": False}})
-    cfg = _cfg("bench.kernel_tokens=[5]", "model.head_dim=32")
-    ms = list(qkv_epilogue.run(cfg, torch.bfloat16, CPU))
-    assert [(m.impl, m.role, m.status) for m in ms] == [
-        ("cuBLAS, qk_norm_rope_store_kv", "baseline", "ok"), ("cuBLAS", "candidate", "ok"),
-        ("fused default", "default", "ok"), ("fused dot per half", "candidate", "ok")], [m.note for m in ms]
-    assert len(list(qkv_epilogue.run(_cfg("bench.kernel_tokens=[5]"), torch.bfloat16, CPU))) == 2
+    small = {"block_m": 16, "block_k": 32, "num_warps": 4}
+    monkeypatch.setattr(prefill_epilogues, "QKV_VARIANTS", {"default": small, "dot per half": {**small,
+                                                                                                 "one_dot": False}})
+    monkeypatch.setattr(prefill_epilogues, "GATE_UP_VARIANTS", {"default": {**small, "block_n": 16}})
+    ms = list(prefill_epilogues.run(_cfg("bench.kernel_tokens=[5]", "model.head_dim=32"), torch.bfloat16, CPU))
+    assert [(m.case.split()[0], m.impl, m.role, m.status) for m in ms] == [
+        ("qkv", "cuBLAS + separate kernel", "baseline", "ok"), ("qkv", "cuBLAS GEMM alone", "candidate", "ok"),
+        ("qkv", "fused default", "default", "ok"), ("qkv", "fused dot per half", "candidate", "ok"),
+        ("gate_up", "cuBLAS + separate kernel", "baseline", "ok"), ("gate_up", "cuBLAS GEMM alone", "candidate", "ok"),
+        ("gate_up", "fused default", "default", "ok")], [m.note for m in ms]
+    tiny = [m.case.split()[0] for m in prefill_epilogues.run(_cfg("bench.kernel_tokens=[5]"), torch.bfloat16, CPU)]
+    assert tiny == ["qkv", "qkv", "gate_up", "gate_up", "gate_up"]
 
 
 @INTERPRETER.subprocess_only

@@ -29,6 +29,11 @@ def restore_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults_are_the_measured_values() -> None:
     assert DEFAULT_OPTIONS == LayerOptions(skinny_rows=8, pdl_max_rows=16, fuse_activation=True)
     assert not LayerOptions.of(ExecutorArgs(fuse_activation=False)).fuse_activation
+    # the prefill epilogues are off until measured (bench/NOTES.md), each its own switch
+    assert not DEFAULT_OPTIONS.fuse_qkv_epilogue and not DEFAULT_OPTIONS.fuse_prefill_activation
+    assert LayerOptions.of(ExecutorArgs(fuse_qkv_epilogue=True)) == LayerOptions(8, 16, fuse_qkv_epilogue=True)
+    assert LayerOptions.of(ExecutorArgs(fuse_prefill_activation=True)) == LayerOptions(8, 16,
+                                                                                       fuse_prefill_activation=True)
     assert LayerOptions.of(ExecutorArgs(pdl_max_rows=32, skinny_gemm_max_rows=4)) == LayerOptions(4, 32)
     assert LayerOptions.of(ExecutorArgs(pdl=False, pdl_max_rows=32)).pdl_max_rows == -1
     with pytest.raises(AttributeError):

@@ -238,17 +238,19 @@ def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, objec
             assert torch.equal(fused.execute_eager(step), got), "fused eager and replayed decode differ"
 
 
-def test_fused_qkv_epilogue_prefill_matches_the_unfused(llms: tuple[object, object]) -> None:
-    """executor.fuse_qkv_epilogue: the prefill's qkv GEMM with the q/k norm, RoPE and KV write in its epilogue
-    (xrt.kernels.qkv_gemm: this shape's heads of 128 in bf16 take it). After a ragged prefill of three prompts the
-    logits and the K/V the prefill wrote are the unfused runner's within bf16 rounding (the GEMM sums in another
-    order than cuBLAS), the op ran once a layer, and the decode step reading that cache agrees too. With the
-    switch on, greedy generation is the same on the eager and graph executors (both prefill through the kernel)."""
+def test_prefill_epilogues_match_the_unfused(llms: tuple[object, object]) -> None:
+    """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: the prefill's qkv GEMM with the q/k norm,
+    RoPE and KV write in its epilogue, its gate_up GEMM with the activation in its epilogue (this shape's bf16 heads
+    of 128 and hidden size take both kernels). After a ragged prefill of three prompts the logits and the K/V the
+    prefill wrote are the unfused runner's within bf16 rounding (the GEMMs sum in another order than cuBLAS), each
+    op ran once a layer, and the decode step reading that cache agrees too. With the switches on, greedy generation
+    is the same on the eager and graph executors (both prefill through the kernels)."""
     from op_log import XrtOpLog
 
     from xrt.engine.llm import LLM
 
-    fused_graph = LLM(graph_config(ExecutorKind.CUDAGRAPH, fuse_qkv_epilogue=True))
+    on = {"fuse_qkv_epilogue": True, "fuse_prefill_activation": True}
+    fused_graph = LLM(graph_config(ExecutorKind.CUDAGRAPH, **on))
     fused, unfused = fused_graph.engine.runner, llms[1].engine.runner  # type: ignore[attr-defined]
     rng = random.Random(11)
     lens = [37, 100, 9]
@@ -259,8 +261,9 @@ def test_fused_qkv_epilogue_prefill_matches_the_unfused(llms: tuple[object, obje
     log = XrtOpLog()
     with log:
         got = fused.execute(prefill).clone()
-    assert log.calls.count("linear_qk_norm_rope_store_kv") == fused.cfg.model.num_hidden_layers
-    assert "qk_norm_rope_store_kv" not in log.calls
+    layers = fused.cfg.model.num_hidden_layers
+    assert log.calls.count("linear_qk_norm_rope_store_kv") == log.calls.count("linear_silu_and_mul") == layers
+    assert "qk_norm_rope_store_kv" not in log.calls and "silu_and_mul" not in log.calls
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err < 2e-2, f"prefill: relative logit difference {err:.3e}"
     for n, table in zip(lens, tables, strict=True):
@@ -273,6 +276,6 @@ def test_fused_qkv_epilogue_prefill_matches_the_unfused(llms: tuple[object, obje
     want, got = unfused.execute(step), fused.execute(step)
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, "the decode step after the prefill"
 
-    fused_eager = LLM(graph_config(ExecutorKind.EAGER, fuse_qkv_epilogue=True))
+    fused_eager = LLM(graph_config(ExecutorKind.EAGER, **on))
     prompts, sampling = workload(7, 5)  # one prefill step of more rows than skinny_gemm_max_rows
     assert generations(fused_eager, prompts, sampling) == generations(fused_graph, prompts, sampling)

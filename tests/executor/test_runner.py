@@ -246,16 +246,18 @@ def test_layers_hand_a_fusing_backend_the_raw_qkv() -> None:
     assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)
 
 
-def test_fused_qkv_epilogue_runs_one_op_a_layer_for_prefill_rows() -> None:
-    """executor.fuse_qkv_epilogue: forward passes of more rows than skinny_gemm_max_rows run each layer's qkv
-    projection, q/k norm, RoPE and KV write as one xrt::linear_qk_norm_rope_store_kv (on CPU its reference: the same
-    ops), smaller ones the projection and xrt::qk_norm_rope_store_kv apart. Logits and cache equal the unfused
-    runner's bit for bit, through a prefill, a prefix continuation and a decode that reads what they wrote."""
+def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None:
+    """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: forward passes of more rows than
+    skinny_gemm_max_rows run each layer's qkv projection, q/k norm, RoPE and KV write as one
+    xrt::linear_qk_norm_rope_store_kv and its gate_up projection and activation as one xrt::linear_silu_and_mul (on
+    CPU their references: the same ops), smaller ones the ops apart. Logits and cache equal the unfused runner's bit
+    for bit, through a prefill, a prefix continuation and a decode that reads what they wrote."""
     from op_log import XrtOpLog
 
     ref = ModelRunner(dummy_config(num_pages=16))
     cfg = dummy_config(num_pages=16)
     cfg.executor.fuse_qkv_epilogue = True
+    cfg.executor.fuse_prefill_activation = True
     cfg.executor.skinny_gemm_max_rows = 4
     fused = ModelRunner(cfg)
     steps = [
@@ -272,4 +274,6 @@ def test_fused_qkv_epilogue_runs_one_op_a_layer_for_prefill_rows() -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert log.calls.count("linear_qk_norm_rope_store_kv") == fused_calls
         assert log.calls.count("qk_norm_rope_store_kv") == layers - fused_calls
+        assert log.calls.count("linear_silu_and_mul") == fused_calls
+        assert log.calls.count("silu_and_mul") == layers - fused_calls
     assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)

@@ -1,8 +1,9 @@
 """xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as their
 wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and without the
-KV write, store_kv, the qkv GEMM with them in its epilogue, the split-KV decode attention (plain, and with the q/k
-norm, RoPE and KV write inside), the tiers' row copy, the greedy argmax. Each must compile and not spill. Skipped
-without triton's CUDA toolchain, and on CUDA machines, where the GPU tests launch the kernels themselves."""
+KV write, store_kv, the qkv GEMM with them in its epilogue, the gate_up GEMM with the activation in its, the split-KV
+decode attention (plain, and with the q/k norm, RoPE and KV write inside), the tiers' row copy, the greedy argmax.
+Each must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA machines, where the GPU tests
+launch the kernels themselves."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ COMPILER = Compiler("kernels/test_kernels_gpu.py")
 from xrt.kernels.argmax import argmax_rows  # noqa: E402
 from xrt.kernels.copy_rows import copy_rows  # noqa: E402
 from xrt.kernels.decode_attention import DecodeAttention, QKNormRope  # noqa: E402
+from xrt.kernels.gate_up_gemm import linear_silu_and_mul  # noqa: E402
 from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
 from xrt.kernels.qkv_gemm import linear_qk_norm_rope_store_kv  # noqa: E402
 from xrt.kernels.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
@@ -53,6 +55,7 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "linear_qk_norm_rope_store_kv": lambda: linear_qk_norm_rope_store_kv(
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6),
+        "gate_up linear_silu_and_mul": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16)),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,
                                                   last, d**-0.5),
         "decode_attention rope": lambda: attention.run(

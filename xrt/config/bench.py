@@ -79,7 +79,7 @@ class KernelGroup(enum.Enum):
     GEMV = "gemv"  # the skinny-GEMM candidates against F.linear (cuBLAS) at decode batches
     DECODE_ATTENTION = "decode_attention"  # the split-KV Triton decode attention against FlashInfer
     FLASHINFER = "flashinfer"  # FlashInfer decode through the CUDA-graph wrappers: tensor cores x split-KV
-    QKV_EPILOGUE = "qkv_epilogue"  # the prefill's qkv GEMM with the q/k norm, RoPE and KV write fused, against cuBLAS
+    PREFILL_EPILOGUES = "prefill_epilogues"  # the prefill's qkv and gate_up GEMMs with their epilogues fused
 
 
 class ProfileMode(enum.Enum):
@@ -126,11 +126,12 @@ class BenchArgs:
     )
     kernels: list[KernelGroup] = field(
         factory=lambda: list(KernelGroup),
-        help="kernels scenario: the comparisons run (elementwise, gemv, decode_attention, flashinfer, qkv_epilogue)",
+        help="kernels scenario: the comparisons run (elementwise, gemv, decode_attention, flashinfer, "
+        "prefill_epilogues)",
     )
     kernel_tokens: list[int] = field(
-        factory=lambda: [1, 8, 64, 512], help="kernels scenario: token counts of the elementwise kernels and the qkv "
-        "epilogue",
+        factory=lambda: [1, 8, 64, 512],
+        help="kernels scenario: token counts of the elementwise kernels and the prefill epilogues",
         validator=each(ge(1)),
     )
     context_len: list[int] = field(

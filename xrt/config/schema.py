@@ -243,6 +243,13 @@ class ExecutorArgs:
         "instead of cuBLAS then xrt::qk_norm_rope_store_kv, so qkv is written once and not read back (off until "
         "measured: bench/NOTES.md)",
     )
+    fuse_prefill_activation: bool = field(
+        False,
+        help="forward passes of more rows than skinny_gemm_max_rows (prefill) run the MLP's gate_up projection and "
+        "activation as one xrt::linear_silu_and_mul: on CUDA a Triton GEMM computing silu(gate) * up in its epilogue "
+        "instead of cuBLAS then xrt::silu_and_mul, so the [T, 2I] projection is never written (off until measured: "
+        "bench/NOTES.md)",
+    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),

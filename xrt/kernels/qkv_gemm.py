@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from xrt.kernels.gemm_tiles import dual_dot, grouped_tile
 from xrt.kernels.store_kv import check_kv_cache
 
 # Tokens per program and K step: 128 x 128 tiles on tensor cores, 8 warps (one warp group per 64 rows).
@@ -60,15 +61,7 @@ def _qkv_gemm_kernel(
     DOT_FP32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
-    n_heads: tl.constexpr = NUM_HEADS + 2 * NUM_KV_HEADS
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    width = GROUP_M * n_heads
-    first = (pid // width) * GROUP_M
-    size = tl.minimum(tiles_m - first, GROUP_M)
-    pm = first + (pid % width) % size
-    head = (pid % width) // size
-
+    pm, head = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_HEADS + 2 * NUM_KV_HEADS, GROUP_M)
     rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = rm < M
     rk = tl.arange(0, BLOCK_K)
@@ -93,22 +86,8 @@ def _qkv_gemm_kernel(
     else:
         # The head's halves as two dots of HALF columns: the accumulators are already the halves RoPE pairs.
         w1_ptrs = w_ptr + (head * HEAD_DIM + rh)[:, None].to(tl.int64) * K + rk[None, :]
-        w2_ptrs = w1_ptrs + HALF * K
-        acc1 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-        for _ in range(0, K, BLOCK_K):
-            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-            w1 = tl.load(w1_ptrs)
-            w2 = tl.load(w2_ptrs)
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                w1 = w1.to(tl.float32)
-                w2 = w2.to(tl.float32)
-            acc1 = tl.dot(x, tl.trans(w1), acc1)
-            acc2 = tl.dot(x, tl.trans(w2), acc2)
-            x_ptrs += BLOCK_K
-            w1_ptrs += BLOCK_K
-            w2_ptrs += BLOCK_K
+        acc1, acc2 = dual_dot(x_ptrs, w1_ptrs, w1_ptrs + HALF * K, m_ok, rh >= 0, K, BLOCK_M, HALF, BLOCK_K,
+                              DOT_FP32)
         y1 = acc1.to(dtype)
         y2 = acc2.to(dtype)
     out_rows = out_ptr + rm[:, None].to(tl.int64) * stride_om + head * HEAD_DIM + rh[None, :]

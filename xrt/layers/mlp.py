@@ -18,6 +18,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.pdl_max_rows = options.pdl_max_rows
         self.fuse_activation = options.fuse_activation
+        self.fuse_prefill_activation = options.fuse_prefill_activation
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, dtype, device, tp,
                                                        options)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, dtype, device, tp, options)
@@ -27,5 +28,9 @@ class GatedMLP(nn.Module):
         pdl = uses_pdl(rows, self.pdl_max_rows)
         if self.fuse_activation and x.dim() == 2 and x.is_cuda and rows <= self.gate_up_proj.skinny_rows:
             # Where gate_up_proj would run xrt::linear: the same routing, the activation in the GEMM's epilogue.
+            return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
+        if self.fuse_prefill_activation and x.dim() == 2 and rows > self.gate_up_proj.skinny_rows:
+            # Prefill rows: one GEMM with the activation in its epilogue on CUDA (on CPU the op's reference, the
+            # same two ops as below).
             return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
         return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x), pdl))

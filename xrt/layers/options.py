@@ -25,12 +25,16 @@ class LayerOptions:
     # The prefill's qkv projection, q/k norm, RoPE and KV write as one xrt::linear_qk_norm_rope_store_kv on CUDA
     # (executor.fuse_qkv_epilogue).
     fuse_qkv_epilogue: bool = False
+    # The prefill's gate_up projection and activation as one xrt::linear_silu_and_mul
+    # (executor.fuse_prefill_activation).
+    fuse_prefill_activation: bool = False
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
                    pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
-                   fuse_activation=executor.fuse_activation, fuse_qkv_epilogue=executor.fuse_qkv_epilogue)
+                   fuse_activation=executor.fuse_activation, fuse_qkv_epilogue=executor.fuse_qkv_epilogue,
+                   fuse_prefill_activation=executor.fuse_prefill_activation)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

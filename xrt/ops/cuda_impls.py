@@ -52,11 +52,21 @@ def _on_fma_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not _pick_config(m, n, k).use_dot)
 
 
+_gate_up_supports = lazy_function("xrt.kernels.gate_up_gemm", "supports")
+_gate_up_gemm = lazy_function("xrt.kernels.gate_up_gemm", "linear_silu_and_mul")
+# The skinny GEMM's largest batch (xrt.kernels.gemv_configs: M <= 8); above it xrt::linear is cuBLAS.
+_SKINNY_MAX_ROWS = 8
+
+
 def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """Where the skinny GEMM runs the gate_up shape on its FMA path: one launch, silu(gate) * up its epilogue.
-    Elsewhere the two apart, as xrt::linear then silu_and_mul."""
+    Past the skinny GEMM's batches (prefill, `executor.fuse_prefill_activation`): the Triton GEMM with the
+    activation in its epilogue (`xrt.kernels.gate_up_gemm`) where it takes the input. Elsewhere the two apart, as
+    xrt::linear then silu_and_mul."""
     if _on_fma_path(x, weight):
         return _gemv(x, weight, None, None, pdl, True)
+    if x.shape[0] > _SKINNY_MAX_ROWS and bool(_gate_up_supports(x)):
+        return _gate_up_gemm(x, weight)
     return _silu_and_mul(linear(x, weight, pdl), pdl)
 
 

@@ -86,8 +86,8 @@ def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     lambda x, weight, pdl=None: x.new_empty((x.shape[0], weight.shape[0] // 2)))
 def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """The gated MLP's first half: silu_and_mul(linear(x, weight)), weight [gate; up] [2I, K] -> [M, I]. On CUDA
-    one skinny-GEMM launch with the activation as its epilogue where that kernel runs the shape
-    (`xrt.ops.cuda_impls.linear_silu_and_mul`)."""
+    one skinny-GEMM launch with the activation as its epilogue where that kernel runs the shape, and past its
+    batches a Triton GEMM with the activation in its epilogue (`xrt.ops.cuda_impls.linear_silu_and_mul`)."""
     return silu_and_mul(linear(x, weight))
 
 

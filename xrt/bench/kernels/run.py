@@ -11,7 +11,7 @@ import torch
 from xrt.bench.engine_timing import Progress
 from xrt.bench.environment import config_dict, environment
 from xrt.bench.floor import copy_bandwidth, default_copy_bytes
-from xrt.bench.kernels import attention, elementwise, gemv, qkv_epilogue
+from xrt.bench.kernels import attention, elementwise, gemv, prefill_epilogues
 from xrt.bench.kernels.timing import Measurement
 from xrt.bench.results import Record
 from xrt.bench.setup import BenchError
@@ -55,8 +55,8 @@ def measurements(cfg: XrtConfig, dtype: torch.dtype, device: torch.device) -> It
         yield from gemv.run(cfg, dtype, device)
     if any(g in groups for g in ATTENTION):
         yield from attention.run(cfg, dtype, device, groups)
-    if KernelGroup.QKV_EPILOGUE in groups:
-        yield from qkv_epilogue.run(cfg, dtype, device)
+    if KernelGroup.PREFILL_EPILOGUES in groups:
+        yield from prefill_epilogues.run(cfg, dtype, device)
 
 
 def run_kernels(cfg: XrtConfig, progress: Progress) -> list[Record]:

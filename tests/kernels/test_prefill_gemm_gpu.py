@@ -1,8 +1,11 @@
-"""xrt.kernels.qkv_gemm (the prefill's qkv GEMM with the q/k norm, RoPE and KV write in its epilogue) against its
-reference, xrt::linear then xrt::qk_norm_rope_store_kv in plain torch (`xrt.ops.reference`), and the op's CUDA
-routing: the kernel where it takes the shape, the two kernels apart elsewhere. The check is device-agnostic, so
-test_qkv_gemm_interpret.py runs it on CPU under TRITON_INTERPRET=1 with small tiles; the kernel module is imported
-inside it (collecting this file never imports triton)."""
+"""The prefill's GEMMs with fused epilogues against their references in plain torch (`xrt.ops.reference`), and the
+ops' CUDA routing (the kernel where it takes the input, the separate kernels elsewhere):
+- xrt.kernels.qkv_gemm: the q/k norm, RoPE and KV write in the qkv GEMM's epilogue (reference: xrt::linear then
+  xrt::qk_norm_rope_store_kv);
+- xrt.kernels.gate_up_gemm: silu(gate) * up in the gate_up GEMM's epilogue (reference: xrt::linear then
+  xrt::silu_and_mul).
+The checks are device-agnostic, so test_prefill_gemm_interpret.py runs them on CPU under TRITON_INTERPRET=1 with
+small tiles; the kernel modules are imported inside them (collecting this file never imports triton)."""
 
 from __future__ import annotations
 
@@ -72,6 +75,20 @@ def check_linear_qk_norm_rope_store_kv(
         f"{what}: wrote outside slot_mapping")
 
 
+def check_linear_silu_and_mul(device: torch.device, dtype: torch.dtype, n_tokens: int, inter: int, hidden: int,
+                              seed: int = 0, **tiles: int) -> None:
+    """One launch on random inputs (weights scaled as a checkpoint's) against the reference on CPU."""
+    gate_up_gemm = importlib.import_module("xrt.kernels.gate_up_gemm")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, hidden, generator=gen).to(dtype)
+    w = (torch.randn(2 * inter, hidden, generator=gen) / math.sqrt(hidden)).to(dtype)
+    out = gate_up_gemm.linear_silu_and_mul(x.to(device), w.to(device), **tiles)
+    ref = reference.linear_silu_and_mul(x, w)
+    assert out.shape == ref.shape == (n_tokens, inter) and out.dtype == dtype
+    err = rel_err(out, ref)
+    assert err < TOLERANCE[dtype], f"linear_silu_and_mul {dtype} T={n_tokens} I={inter} K={hidden}: {err:.3e}"
+
+
 SHAPES = [
     # tokens, heads, kv heads, head_dim, hidden, page size: Qwen3-0.6B at a prefill graph bucket and an odd
     # count, Qwen3-8B, and a 1-token launch
@@ -87,6 +104,38 @@ SHAPES = [
 def test_linear_qk_norm_rope_store_kv(device: torch.device, dtype: torch.dtype, n_tokens: int, heads: int,
                                       kv_heads: int, head_dim: int, hidden: int, page_size: int) -> None:
     check_linear_qk_norm_rope_store_kv(device, dtype, n_tokens, heads, kv_heads, head_dim, hidden, page_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)], ids=str)
+@pytest.mark.parametrize(("n_tokens", "inter", "hidden"), [
+    pytest.param(1024, 3072, 1024, id="0.6b-1024"), pytest.param(1000, 3072, 1024, id="0.6b-1000"),
+    pytest.param(333, 12288, 4096, id="8b-333", marks=pytest.mark.slow),
+    pytest.param(9, 100, 128, id="odd-intermediate", marks=pytest.mark.slow)])
+def test_linear_silu_and_mul(device: torch.device, dtype: torch.dtype, n_tokens: int, inter: int,
+                             hidden: int) -> None:
+    check_linear_silu_and_mul(device, dtype, n_tokens, inter, hidden)
+
+
+def test_linear_silu_and_mul_runs_the_kernel_past_the_skinny_batches(device: torch.device,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.ops.xrt.linear_silu_and_mul on CUDA: the gate_up GEMM kernel above 8 rows for 16-bit inputs; the skinny
+    GEMM or cuBLAS + silu_and_mul at 8 rows and below, and for fp32; the same values each way."""
+    gate_up_gemm = importlib.import_module("xrt.kernels.gate_up_gemm")
+    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
+
+    calls: list[int] = []
+    real = gate_up_gemm.linear_silu_and_mul
+    monkeypatch.setattr(gate_up_gemm, "linear_silu_and_mul",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    gen = torch.Generator().manual_seed(1)
+    for dtype, rows, fused in ((torch.bfloat16, 9, True), (torch.bfloat16, 8, False), (torch.float32, 40, False)):
+        x = torch.randn(rows, 1024, generator=gen).to(dtype)
+        w = (torch.randn(6144, 1024, generator=gen) / 32).to(dtype)
+        before = len(calls)
+        out = torch.ops.xrt.linear_silu_and_mul(x.to(device), w.to(device))
+        assert (len(calls) > before) == fused, (dtype, rows)
+        tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+        assert rel_err(out, reference.linear_silu_and_mul(x, w)) < tol, (dtype, rows)
 
 
 def test_the_op_runs_the_kernel_where_it_takes_the_shape(device: torch.device,

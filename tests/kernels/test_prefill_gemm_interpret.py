@@ -1,6 +1,7 @@
-"""xrt.kernels.qkv_gemm on CPU under TRITON_INTERPRET=1, through tests/kernels/test_qkv_gemm_gpu.py's check, on
-small shapes and tiles (the interpreter runs each program in Python). Skipped without triton (CI) and on CUDA
-machines, where test_qkv_gemm_gpu.py runs the compiled kernel."""
+"""xrt.kernels.qkv_gemm and gate_up_gemm on CPU under TRITON_INTERPRET=1, through
+tests/kernels/test_prefill_gemm_gpu.py's checks, on small shapes and tiles (the interpreter runs each program in
+Python). Skipped without triton (CI) and on CUDA machines, where test_prefill_gemm_gpu.py runs the compiled
+kernels."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from interpret_support import Interpreter
 
-INTERPRETER = Interpreter("kernels/test_qkv_gemm_gpu.py")
+INTERPRETER = Interpreter("kernels/test_prefill_gemm_gpu.py")
 checks = INTERPRETER.checks
 in_process = INTERPRETER.in_process
 CPU = torch.device("cpu")
@@ -39,6 +40,27 @@ def test_rejects_fp32_and_small_heads() -> None:
         linear_qk_norm_rope_store_kv(torch.zeros(2, 64), torch.zeros(48, 64), torch.ones(16), torch.ones(16),
                                      torch.zeros(8, 16), torch.zeros(2, dtype=torch.int64), cache,
                                      torch.zeros(2, dtype=torch.int64), 1, 1, 16, 1e-6)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("n_tokens", "inter", "hidden", "block_n"),
+                         [(37, 48, 64, 16), (5, 40, 96, 16), (17, 32, 32, 32)], ids=str)
+def test_linear_silu_and_mul(dtype: torch.dtype, n_tokens: int, inter: int, hidden: int, block_n: int) -> None:
+    checks.check_linear_silu_and_mul(CPU, dtype, n_tokens, inter, hidden, block_m=16, block_n=block_n, block_k=32,
+                                     num_warps=4)
+
+
+@in_process
+def test_gate_up_rejects_what_it_does_not_take() -> None:
+    from xrt.kernels.gate_up_gemm import linear_silu_and_mul, supports
+
+    assert supports(torch.zeros(2, 64, dtype=torch.bfloat16), 32) and not supports(torch.zeros(2, 64), 32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        linear_silu_and_mul(torch.zeros(2, 48, dtype=torch.bfloat16), torch.zeros(8, 48, dtype=torch.bfloat16),
+                            block_k=32)
+    with pytest.raises(ValueError, match="weight: expected a contiguous"):
+        linear_silu_and_mul(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(7, 64, dtype=torch.bfloat16))
 
 
 @INTERPRETER.subprocess_only

@@ -1,0 +1,93 @@
+"""The prefill's gate_up projection with silu(gate) * up in its epilogue: what `xrt::linear` then
+`xrt::silu_and_mul` do, in one launch that writes the [T, I] activation instead of the [T, 2I] projection and
+never reads that back.
+
+Grid: (token tiles x column tiles of I), grouped along the tokens (xrt.kernels.gemm_tiles). A program owns
+BLOCK_M tokens and BLOCK_N columns j of the intermediate size, and computes both halves they need: gate column j
+(weight row j) and up column j (weight row I + j), two accumulators (`gemm_tiles.dual_dot`), so the activation
+needs nothing from other programs. Both are rounded to the activation dtype first, as the unfused GEMM's output
+would be; from there the numerics are `xrt.kernels.silu_and_mul`'s (fp32, one rounding).
+
+Only for prefill-sized launches: a skinny decode batch runs the skinny GEMM (its gated FMA epilogue where it
+takes the shape). Not launched with PDL (prefill rows exceed `executor.pdl_max_rows`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from xrt.kernels.gemm_tiles import dual_dot, grouped_tile
+
+# Tokens x intermediate columns per program, K step, warps, stages: two 128 x 64 accumulators (the qkv GEMM's
+# dot-per-half shape).
+BLOCK_M = 128
+BLOCK_N = 64
+BLOCK_K = 64
+NUM_WARPS = 8
+NUM_STAGES = 3
+GROUP_M = 8
+
+
+# The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
+@triton.jit(do_not_specialize=["M"])
+def _gate_up_kernel(
+    x_ptr, w_ptr, out_ptr, M, K, inter, stride_xm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(inter, BLOCK_N), GROUP_M)
+    rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < inter
+    rk = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
+    gate_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    up_ptrs = gate_ptrs + inter.to(tl.int64) * K
+    acc_gate, acc_up = dual_dot(x_ptrs, gate_ptrs, up_ptrs, m_ok, n_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
+    dtype = out_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    out = gate * tl.sigmoid(gate) * up
+    tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :], out.to(dtype),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
+    """Whether the kernel takes this input: 16-bit activations (tensor cores), a hidden size in whole K steps."""
+    return x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2 and x.shape[1] % block_k == 0
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor, weight: torch.Tensor, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
+    block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up] [2I, K] -> [T, I] in x's dtype. The tile arguments
+    are for the kernel bench and the CPU tests; the defaults are what the op runs."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"gate_up linear_silu_and_mul x: expected [tokens, hidden] with unit last stride, got "
+                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    t, k = x.shape
+    if (weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] % 2 or not weight.is_contiguous()
+            or weight.dtype != x.dtype):
+        raise ValueError(f"gate_up linear_silu_and_mul weight: expected a contiguous [2 * intermediate, {k}] "
+                         f"{x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    if not supports(x, block_k):
+        raise ValueError(f"gate_up linear_silu_and_mul: expected 16-bit x with a hidden size that is a multiple of "
+                         f"{block_k}, got {x.dtype}, hidden {k}")
+    inter = weight.shape[0] // 2
+    out = x.new_empty(t, inter)
+    if t == 0 or inter == 0:
+        return out
+    # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
+    dot_fp32 = os.environ.get("TRITON_INTERPRET") == "1"
+    grid = (triton.cdiv(t, block_m) * triton.cdiv(inter, block_n),)
+    _gate_up_kernel[grid](
+        x, weight, out, t, k, inter, x.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, DOT_FP32=dot_fp32,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
