@@ -9,17 +9,12 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+from xrt.kernels.gemm_tiles import grouped_tile
+
 
 @triton.jit
 def _mm_ptr(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    pid = tl.program_id(0)
-    nm, nn = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    width = GROUP * nn
-    g = pid // width
-    first = g * GROUP
-    size = min(nm - first, GROUP)
-    pm = first + (pid % width) % size
-    pn = (pid % width) // size
+    pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -38,14 +33,7 @@ def _mm_ptr(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constex
 @triton.jit
 def _mm_tma(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
             GROUP: tl.constexpr):
-    pid = tl.program_id(0)
-    nm, nn = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    width = GROUP * nn
-    g = pid // width
-    first = g * GROUP
-    size = min(nm - first, GROUP)
-    pm = first + (pid % width) % size
-    pn = (pid % width) // size
+    pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k in range(0, K, BK):
         x = a_desc.load([pm * BM, k])
