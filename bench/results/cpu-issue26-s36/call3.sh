@@ -29,7 +29,7 @@ if [ -z "$SUITE_ONLY" ]; then
   for i in a b; do
     for v in off qkv act both; do
       [ $(left) -gt 60 ] || break 2
-      timeout 50 $B "bench.batch=[1,8]" ${SW[$v]} bench.out_dir=$R/ab_${v}_$i > $R/ab_${v}_$i.log 2>&1
+      timeout 60 $B "bench.batch=[1,8]" ${SW[$v]} bench.out_dir=$R/ab_${v}_$i > $R/ab_${v}_$i.log 2>&1
       save ab_${v}_$i $?
     done
   done
