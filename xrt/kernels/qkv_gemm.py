@@ -2,7 +2,7 @@
 `xrt::qk_norm_rope_store_kv` do, in one launch that writes qkv once and never reads it back.
 
 Grid: (token tiles x heads), grouped along the tokens so the programs running together share weight tiles in L2.
-A program owns BLOCK_M tokens of one head (a q, k or v head: BLOCK_N is the head size), so each row of its
+A program owns BLOCK_M tokens of one head (a q, k or v head: the tile is one head wide), so each row of its
 accumulator is one whole head of one token and the per-head RMSNorm needs nothing from other programs. NeoX RoPE
 pairs column i with i + D / 2: the accumulator is split into its halves after the K loop (or, `one_dot=False`,
 computed as two dots of D / 2 columns, which are the halves already).
