@@ -55,6 +55,9 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "linear_qk_norm_rope_store_kv": lambda: linear_qk_norm_rope_store_kv(
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6),
+        "linear_qk_norm_rope_store_kv tma": lambda: linear_qk_norm_rope_store_kv(
+            x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
+            kv_heads, d, 1e-6, tma=True),
         "gate_up linear_silu_and_mul": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16)),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,
                                                   last, d**-0.5),

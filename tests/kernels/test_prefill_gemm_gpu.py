@@ -106,6 +106,12 @@ def test_linear_qk_norm_rope_store_kv(device: torch.device, dtype: torch.dtype, 
     check_linear_qk_norm_rope_store_kv(device, dtype, n_tokens, heads, kv_heads, head_dim, hidden, page_size)
 
 
+@pytest.mark.parametrize("variant", [{"one_dot": False}, {"tma": True}], ids=["dot-per-half", "tma"])
+def test_linear_qk_norm_rope_store_kv_variants(device: torch.device, variant: dict) -> None:
+    """The kernel bench's other ways of computing the same tile: a dot per half, tensor-descriptor (TMA) loads."""
+    check_linear_qk_norm_rope_store_kv(device, torch.bfloat16, 1000, 16, 8, 128, 1024, 16, **variant)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)], ids=str)
 @pytest.mark.parametrize(("n_tokens", "inter", "hidden"), [
     pytest.param(1024, 3072, 1024, id="0.6b-1024"), pytest.param(1000, 3072, 1024, id="0.6b-1000"),

@@ -17,14 +17,14 @@ TILES = {"block_m": 16, "block_k": 32, "num_warps": 4}
 
 
 @in_process
-@pytest.mark.parametrize("one_dot", [True, False], ids=["one-dot", "dot-per-half"])
+@pytest.mark.parametrize("variant", [{}, {"one_dot": False}, {"tma": True}], ids=["one-dot", "dot-per-half", "tma"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(("n_tokens", "heads", "kv_heads", "head_dim", "hidden", "page_size"),
                          [(37, 4, 2, 32, 64, 4), (16, 2, 1, 64, 96, 16), (1, 3, 3, 32, 32, 1)], ids=str)
 def test_linear_qk_norm_rope_store_kv(dtype: torch.dtype, n_tokens: int, heads: int, kv_heads: int, head_dim: int,
-                                      hidden: int, page_size: int, one_dot: bool) -> None:
+                                      hidden: int, page_size: int, variant: dict) -> None:
     checks.check_linear_qk_norm_rope_store_kv(CPU, dtype, n_tokens, heads, kv_heads, head_dim, hidden, page_size,
-                                              one_dot=one_dot, **TILES)
+                                              **variant, **TILES)
 
 
 @in_process

@@ -5,7 +5,8 @@ Grid: (token tiles x heads), grouped along the tokens so the programs running to
 A program owns BLOCK_M tokens of one head (a q, k or v head: the tile is one head wide), so each row of its
 accumulator is one whole head of one token and the per-head RMSNorm needs nothing from other programs. NeoX RoPE
 pairs column i with i + D / 2: the accumulator is split into its halves after the K loop (or, `one_dot=False`,
-computed as two dots of D / 2 columns, which are the halves already).
+computed as two dots of D / 2 columns, which are the halves already). `tma=True` loads the operand tiles through
+tensor descriptors (the copy engine) instead of pointer loads.
 The accumulator is rounded to the activation dtype before the norm, as the unfused GEMM's output would be; from
 there the numerics are `xrt.kernels.qk_norm_rope`'s (fp32 norm, weight and rotation, one rounding). k and v heads
 also go to the paged cache at `slot_mapping` (rows with slot < 0 are not written).
@@ -34,6 +35,8 @@ NUM_STAGES = 3
 GROUP_M = 8
 # One dot of the whole head a K step, split into halves after, or a dot per half (kept for the kernel bench).
 ONE_DOT = True
+# The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads (off until the bench says).
+TMA = False
 
 
 @triton.jit
@@ -57,7 +60,7 @@ def _qkv_gemm_kernel(
     M, K, stride_xm, stride_om, stride_cs,
     c_page_stride, c_kv_stride, c_slot_stride, c_head_stride, page_size, eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_DOT: tl.constexpr, TMA: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -66,11 +69,23 @@ def _qkv_gemm_kernel(
     m_ok = rm < M
     rk = tl.arange(0, BLOCK_K)
     rh = tl.arange(0, HALF)
-    # x [M, K]; weight [N, K] contiguous, the head's rows head * HEAD_DIM ...
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
     dtype = out_ptr.dtype.element_ty
-    if ONE_DOT:
+    if TMA:
+        # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [HEAD_DIM, BLOCK_K] blocks): the tiles come
+        # in by the copy engine, rows past M as zeros.
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = x_ptr.load([pm * BLOCK_M, k0])
+            w = w_ptr.load([head * HEAD_DIM, k0])
+            if DOT_FP32:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(x, w.T, acc)
+        y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))
+    elif ONE_DOT:
         # One [BLOCK_M, HEAD_DIM] dot a K step (the wider tensor-core instruction), split into halves after.
+        # x [M, K]; weight [N, K] contiguous, the head's rows head * HEAD_DIM ...
+        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w_ptrs = w_ptr + (head * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None].to(tl.int64) * K + rk[None, :]
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         for _ in range(0, K, BLOCK_K):  # K is a multiple of BLOCK_K (`supports`)
@@ -85,6 +100,7 @@ def _qkv_gemm_kernel(
         y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))
     else:
         # The head's halves as two dots of HALF columns: the accumulators are already the halves RoPE pairs.
+        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w1_ptrs = w_ptr + (head * HEAD_DIM + rh)[:, None].to(tl.int64) * K + rk[None, :]
         acc1, acc2 = dual_dot(x_ptrs, w1_ptrs, w1_ptrs + HALF * K, m_ok, rh >= 0, K, BLOCK_M, HALF, BLOCK_K,
                               DOT_FP32)
@@ -129,6 +145,7 @@ def linear_qk_norm_rope_store_kv(
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, eps: float, *, block_m: int = BLOCK_M,
     block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, one_dot: bool = ONE_DOT,
+    tma: bool = TMA,
 ) -> torch.Tensor:
     """x [T, K] @ weight [(H + 2 KV) * D, K]^T, its q and k heads normalised and rotated, its k and v heads
     written to kv_cache at slot_mapping: returns qkv [T, (H + 2 KV) * D] as xrt::qk_norm_rope_store_kv leaves it.
@@ -163,12 +180,18 @@ def linear_qk_norm_rope_store_kv(
     # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
     dot_fp32 = x.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(t, block_m) * (num_heads + 2 * num_kv_heads),)
+    x_arg, w_arg = x, weight
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_arg = TensorDescriptor.from_tensor(x, [block_m, block_k])
+        w_arg = TensorDescriptor.from_tensor(weight, [head_dim, block_k])
     _qkv_gemm_kernel[grid](
-        x, weight, out, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
+        x_arg, w_arg, out, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
         t, k, x.stride(0), out.stride(0), cos_sin_cache.stride(0),
         *kv_cache.stride()[:4], kv_cache.shape[2], float(eps),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=GROUP_M, ONE_DOT=one_dot, DOT_FP32=dot_fp32,
+        BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=GROUP_M, ONE_DOT=one_dot, TMA=tma, DOT_FP32=dot_fp32,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -20,11 +20,14 @@ from xrt.config import XrtConfig
 from xrt.config.bench import KernelGroup
 
 GROUP = KernelGroup.PREFILL_EPILOGUES.value
-# Tilings beside each kernel's defaults (qkv_gemm: 128 tokens x one head, K step 64, 8 warps, 3 stages, one dot;
+# Tilings beside each kernel's defaults (qkv_gemm: 128 tokens x one head, K step 64, 8 warps, 3 stages, one dot,
+# pointer loads;
 # gate_up_gemm: 128 tokens x 64 columns, the same K step, warps and stages).
 QKV_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "dot per half": {"one_dot": False},
+    "tma": {"tma": True},
+    "tma stages4": {"tma": True, "num_stages": 4},
     "stages4": {"num_stages": 4},
     "bk128 stages2": {"block_k": 128, "num_stages": 2},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
