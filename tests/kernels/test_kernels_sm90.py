@@ -59,6 +59,8 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6, tma=True),
         "gate_up linear_silu_and_mul": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16)),
+        "gate_up linear_silu_and_mul tma": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16),
+                                                                       tma=True),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,
                                                   last, d**-0.5),
         "decode_attention rope": lambda: attention.run(

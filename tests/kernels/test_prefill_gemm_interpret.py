@@ -44,11 +44,13 @@ def test_rejects_fp32_and_small_heads() -> None:
 
 @in_process
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize(("n_tokens", "inter", "hidden", "block_n"),
-                         [(37, 48, 64, 16), (5, 40, 96, 16), (17, 32, 32, 32)], ids=str)
-def test_linear_silu_and_mul(dtype: torch.dtype, n_tokens: int, inter: int, hidden: int, block_n: int) -> None:
+@pytest.mark.parametrize(("n_tokens", "inter", "hidden", "block_n", "tma"),
+                         [(37, 48, 64, 16, False), (5, 40, 96, 16, False), (17, 32, 32, 32, False),
+                          (37, 48, 64, 16, True)], ids=str)
+def test_linear_silu_and_mul(dtype: torch.dtype, n_tokens: int, inter: int, hidden: int, block_n: int,
+                             tma: bool) -> None:
     checks.check_linear_silu_and_mul(CPU, dtype, n_tokens, inter, hidden, block_m=16, block_n=block_n, block_k=32,
-                                     num_warps=4)
+                                     num_warps=4, tma=tma)
 
 
 @in_process
@@ -59,6 +61,9 @@ def test_gate_up_rejects_what_it_does_not_take() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         linear_silu_and_mul(torch.zeros(2, 48, dtype=torch.bfloat16), torch.zeros(8, 48, dtype=torch.bfloat16),
                             block_k=32)
+    with pytest.raises(ValueError, match="tma needs the intermediate size in whole 16-column tiles, got 20"):
+        linear_silu_and_mul(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(40, 64, dtype=torch.bfloat16),
+                            block_n=16, tma=True)
     with pytest.raises(ValueError, match="weight: expected a contiguous"):
         linear_silu_and_mul(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(7, 64, dtype=torch.bfloat16))
 

@@ -29,13 +29,15 @@ BLOCK_K = 64
 NUM_WARPS = 8
 NUM_STAGES = 3
 GROUP_M = 8
+# The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads (off until the bench says).
+TMA = False
 
 
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
 @triton.jit(do_not_specialize=["M"])
 def _gate_up_kernel(
     x_ptr, w_ptr, out_ptr, M, K, inter, stride_xm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(inter, BLOCK_N), GROUP_M)
@@ -43,11 +45,27 @@ def _gate_up_kernel(
     rn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
     n_ok = rn < inter
-    rk = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
-    gate_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
-    up_ptrs = gate_ptrs + inter.to(tl.int64) * K
-    acc_gate, acc_up = dual_dot(x_ptrs, gate_ptrs, up_ptrs, m_ok, n_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
+    if TMA:
+        # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] blocks): the tiles
+        # come in by the copy engine, rows past the ends as zeros (intermediate sizes in whole tiles: `supports`).
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            x = x_ptr.load([pm * BLOCK_M, k0])
+            gate_w = w_ptr.load([pn * BLOCK_N, k0])
+            up_w = w_ptr.load([inter + pn * BLOCK_N, k0])
+            if DOT_FP32:
+                x = x.to(tl.float32)
+                gate_w = gate_w.to(tl.float32)
+                up_w = up_w.to(tl.float32)
+            acc_gate = tl.dot(x, gate_w.T, acc_gate)
+            acc_up = tl.dot(x, up_w.T, acc_up)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
+        gate_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+        up_ptrs = gate_ptrs + inter.to(tl.int64) * K
+        acc_gate, acc_up = dual_dot(x_ptrs, gate_ptrs, up_ptrs, m_ok, n_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
     dtype = out_ptr.dtype.element_ty
     gate = acc_gate.to(dtype).to(tl.float32)
     up = acc_up.to(dtype).to(tl.float32)
@@ -63,10 +81,12 @@ def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
 
 def linear_silu_and_mul(
     x: torch.Tensor, weight: torch.Tensor, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-    block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+    block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, tma: bool = TMA,
 ) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up] [2I, K] -> [T, I] in x's dtype. The tile arguments
-    are for the kernel bench and the CPU tests; the defaults are what the op runs."""
+    are for the kernel bench and the CPU tests; the defaults are what the op runs. tma: the operand tiles through
+    tensor descriptors (the intermediate size must then be a multiple of block_n: a gate tile must not reach into
+    the up rows)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"gate_up linear_silu_and_mul x: expected [tokens, hidden] with unit last stride, got "
                          f"shape {tuple(x.shape)} strides {x.stride()}")
@@ -79,15 +99,24 @@ def linear_silu_and_mul(
         raise ValueError(f"gate_up linear_silu_and_mul: expected 16-bit x with a hidden size that is a multiple of "
                          f"{block_k}, got {x.dtype}, hidden {k}")
     inter = weight.shape[0] // 2
+    if tma and inter % block_n:
+        raise ValueError(f"gate_up linear_silu_and_mul: tma needs the intermediate size in whole {block_n}-column "
+                         f"tiles, got {inter}")
     out = x.new_empty(t, inter)
     if t == 0 or inter == 0:
         return out
     # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
     dot_fp32 = os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(t, block_m) * triton.cdiv(inter, block_n),)
+    x_arg, w_arg = x, weight
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_arg = TensorDescriptor.from_tensor(x, [block_m, block_k])
+        w_arg = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _gate_up_kernel[grid](
-        x, weight, out, t, k, inter, x.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, DOT_FP32=dot_fp32,
+        x_arg, w_arg, out, t, k, inter, x.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, TMA=tma, DOT_FP32=dot_fp32,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

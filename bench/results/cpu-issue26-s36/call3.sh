@@ -10,7 +10,8 @@
 #    alone, each fused kernel's tilings), 0.6B then 8B;
 # 3. 0.6B TTFT at batches 1 and 8 (output 16 tokens: only the prefill matters): off / qkv / activation / both,
 #    twice, then batch 100 off / both;
-# 4. gemm_probe.py (plain Triton GEMMs, pointer loads and TMA, against cuBLAS at the qkv and gate_up shapes);
+# 4. the batch-8 prefill kernel by kernel with both switches on (`xrt profile`), then gemm_probe.py (plain Triton
+#    GEMMs, pointer loads and TMA, against cuBLAS at the qkv and gate_up shapes);
 # 5. the whole GPU suite for the time left (`suite.log`; SUITE_ONLY=1 runs only this, on a warm machine).
 source scripts/gpu_env.sh || exit 1
 R=/tmp/r8; rm -rf $R; mkdir -p $R; s=$(date +%s)
@@ -37,6 +38,8 @@ if [ -z "$SUITE_ONLY" ]; then
     [ $(left) -gt 80 ] || break
     timeout 75 $B "bench.batch=[100]" ${SW[$v]} bench.out_dir=$R/b100_$v > $R/b100_$v.log 2>&1; save b100_$v $?
   done
+  [ $(left) -gt 100 ] && { timeout 60 python3 -m xrt profile profile.mode=breakdown executor=cudagraph \
+    "profile.batch=[8]" profile.rows=30 ${SW[both]} > $R/bd8_both.log 2>&1; save bd8_both $?; }
   [ $(left) -gt 90 ] && { timeout 80 python3 bench/results/cpu-issue26-s36/gemm_probe.py > $R/gemm_probe.log 2>&1
     save gemm_probe $?; }
 fi

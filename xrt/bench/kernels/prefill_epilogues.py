@@ -36,6 +36,7 @@ QKV_VARIANTS: dict[str, dict[str, Any]] = {
 GATE_UP_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "stages4": {"num_stages": 4},
+    "tma": {"tma": True},
     "bn128": {"block_n": 128},
     "bn32": {"block_n": 32},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
