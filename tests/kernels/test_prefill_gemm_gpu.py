@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from xrt.bench.kernels import elementwise
 from xrt.ops import reference
 
 EPS = 1e-6
@@ -23,10 +24,9 @@ EPS = 1e-6
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 4e-3}
 
 
-def rope_cache(max_pos: int, head_dim: int, theta: float = 1e6) -> torch.Tensor:
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float()
+def rope_cache(max_pos: int, head_dim: int) -> torch.Tensor:
+    """The layers' cos / sin table on CPU (the kernels scenario's builder of it), Qwen3's theta."""
+    return elementwise.rope_cache(head_dim, 1e6, max_pos, torch.device("cpu"))
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
