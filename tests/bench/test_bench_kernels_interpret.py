@@ -62,14 +62,22 @@ def test_prefill_epilogue_variants_pass_their_checks(fake_timer: None, monkeypat
     monkeypatch.setattr(prefill_epilogues, "QKV_VARIANTS", {"default": small, "dot per half": {**small,
                                                                                                  "one_dot": False}})
     monkeypatch.setattr(prefill_epilogues, "GATE_UP_VARIANTS", {"default": {**small, "block_n": 16}})
+    monkeypatch.setattr(prefill_epilogues, "NORM_VARIANTS", {"default": small})
+    monkeypatch.setattr(prefill_epilogues, "RESIDUAL_VARIANTS", {"default": {**small, "block_n": 16}})
     ms = list(prefill_epilogues.run(_cfg("bench.kernel_tokens=[5]", "model.head_dim=32"), torch.bfloat16, CPU))
-    assert [(m.case.split()[0], m.impl, m.role, m.status) for m in ms] == [
-        ("qkv", "cuBLAS + separate kernel", "baseline", "ok"), ("qkv", "cuBLAS GEMM alone", "candidate", "ok"),
-        ("qkv", "fused default", "default", "ok"), ("qkv", "fused dot per half", "candidate", "ok"),
-        ("gate_up", "cuBLAS + separate kernel", "baseline", "ok"), ("gate_up", "cuBLAS GEMM alone", "candidate", "ok"),
-        ("gate_up", "fused default", "default", "ok")], [m.note for m in ms]
+    pair = [("cuBLAS + separate kernel", "baseline", "ok"), ("cuBLAS GEMM alone", "candidate", "ok")]
+    fused = ("fused default", "default", "ok")
+    assert [(m.case, m.impl, m.role, m.status) for m in ms] == [
+        *(("qkv + norm + rope + kv", *p) for p in pair), ("qkv + norm + rope + kv", *fused),
+        ("qkv + norm + rope + kv", "fused dot per half", "candidate", "ok"),
+        *(("gate_up + silu_and_mul", *p) for p in pair), ("gate_up + silu_and_mul", *fused),
+        *(("rms_norm + qkv + norm + rope + kv", *p) for p in pair), ("rms_norm + qkv + norm + rope + kv", *fused),
+        *(("rms_norm + gate_up + silu_and_mul", *p) for p in pair), ("rms_norm + gate_up + silu_and_mul", *fused),
+        *(("o_proj + residual add", *p) for p in pair), ("o_proj + residual add", *fused),
+        *(("down + residual add", *p) for p in pair), ("down + residual add", *fused)], [m.note for m in ms]
     tiny = [m.case.split()[0] for m in prefill_epilogues.run(_cfg("bench.kernel_tokens=[5]"), torch.bfloat16, CPU)]
-    assert tiny == ["qkv", "qkv", "gate_up", "gate_up", "gate_up"]
+    assert tiny == ["qkv", "qkv", "gate_up", "gate_up", "gate_up", "rms_norm", "rms_norm", "rms_norm", "rms_norm",
+                    "rms_norm", "o_proj", "o_proj", "o_proj", "down", "down", "down"]
 
 
 @INTERPRETER.subprocess_only

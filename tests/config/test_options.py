@@ -34,6 +34,14 @@ def test_defaults_are_the_measured_values() -> None:
     assert LayerOptions.of(ExecutorArgs(fuse_qkv_epilogue=True)) == LayerOptions(8, 16, fuse_qkv_epilogue=True)
     assert LayerOptions.of(ExecutorArgs(fuse_prefill_activation=True)) == LayerOptions(8, 16,
                                                                                        fuse_prefill_activation=True)
+    all_three = ExecutorArgs(fuse_qkv_epilogue=True, fuse_prefill_activation=True, fuse_prefill_norms=True)
+    assert not DEFAULT_OPTIONS.fuse_prefill_norms and LayerOptions.of(all_three) == LayerOptions(
+        8, 16, fuse_qkv_epilogue=True, fuse_prefill_activation=True, fuse_prefill_norms=True)
+    assert all_three.check() == []
+    # the norms run as the epilogue GEMMs' prologue: alone the switch is an error naming what it needs
+    for alone in (ExecutorArgs(fuse_prefill_norms=True), ExecutorArgs(fuse_prefill_norms=True, fuse_qkv_epilogue=True)):
+        assert alone.check() == [("fuse_prefill_norms", "needs fuse_qkv_epilogue=true and fuse_prefill_activation=true "
+                                  "(the norms run as those GEMMs' prologue)")]
     assert LayerOptions.of(ExecutorArgs(pdl_max_rows=32, skinny_gemm_max_rows=4)) == LayerOptions(4, 32)
     assert LayerOptions.of(ExecutorArgs(pdl=False, pdl_max_rows=32)).pdl_max_rows == -1
     with pytest.raises(AttributeError):

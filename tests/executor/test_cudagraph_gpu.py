@@ -238,18 +238,21 @@ def test_fused_qk_norm_rope_decode_matches_the_unfused(llms: tuple[object, objec
             assert torch.equal(fused.execute_eager(step), got), "fused eager and replayed decode differ"
 
 
-def test_prefill_epilogues_match_the_unfused(llms: tuple[object, object]) -> None:
+@pytest.mark.parametrize("norms", [False, True], ids=["epilogues", "epilogues-and-norms"])
+def test_prefill_epilogues_match_the_unfused(llms: tuple[object, object], norms: bool) -> None:
     """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: the prefill's qkv GEMM with the q/k norm,
     RoPE and KV write in its epilogue, its gate_up GEMM with the activation in its epilogue (this shape's bf16 heads
-    of 128 and hidden size take both kernels). After a ragged prefill of three prompts the logits and the K/V the
-    prefill wrote are the unfused runner's within bf16 rounding (the GEMMs sum in another order than cuBLAS), each
-    op ran once a layer, and the decode step reading that cache agrees too. With the switches on, greedy generation
-    is the same on the eager and graph executors (both prefill through the kernels)."""
+    of 128 and hidden size take both kernels); with executor.fuse_prefill_norms also the RMSNorms as those GEMMs'
+    prologue and the residual adds in o_proj's and down's epilogue. After a ragged prefill of three prompts the
+    logits and the K/V the prefill wrote are the unfused runner's within bf16 rounding (the GEMMs sum in another
+    order than cuBLAS), each op ran once a layer (twice for linear_add), and the decode step reading that cache
+    agrees too. With the switches on, greedy generation is the same on the eager and graph executors (both prefill
+    through the kernels)."""
     from op_log import XrtOpLog
 
     from xrt.engine.llm import LLM
 
-    on = {"fuse_qkv_epilogue": True, "fuse_prefill_activation": True}
+    on = {"fuse_qkv_epilogue": True, "fuse_prefill_activation": True, "fuse_prefill_norms": norms}
     fused_graph = LLM(graph_config(ExecutorKind.CUDAGRAPH, **on))
     fused, unfused = fused_graph.engine.runner, llms[1].engine.runner  # type: ignore[attr-defined]
     rng = random.Random(11)
@@ -264,6 +267,8 @@ def test_prefill_epilogues_match_the_unfused(llms: tuple[object, object]) -> Non
     layers = fused.cfg.model.num_hidden_layers
     assert log.calls.count("linear_qk_norm_rope_store_kv") == log.calls.count("linear_silu_and_mul") == layers
     assert "qk_norm_rope_store_kv" not in log.calls and "silu_and_mul" not in log.calls
+    assert log.calls.count("linear_add") == (2 * layers if norms else 0)
+    assert log.calls.count("fused_add_rms_norm") == (0 if norms else 2 * layers)
     err = ((got - want).abs().max() / want.abs().max()).item()
     assert err < 2e-2, f"prefill: relative logit difference {err:.3e}"
     for n, table in zip(lens, tables, strict=True):

@@ -277,3 +277,44 @@ def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None
         assert log.calls.count("linear_silu_and_mul") == fused_calls
         assert log.calls.count("silu_and_mul") == layers - fused_calls
     assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)
+
+
+def test_prefill_norms_switch_folds_the_norms_into_the_gemms_for_prefill_rows() -> None:
+    """executor.fuse_prefill_norms (with both epilogue switches): prefill passes run no norm op but the final one;
+    each layer's input and post-attention RMSNorms are passed to the qkv and gate_up ops (their prologue on CUDA)
+    and its residual adds are xrt::linear_add after o_proj and down. On CPU the ops' references compute what the
+    unfused layers do, so logits and cache equal the unfused runner's bit for bit, through a prefill, a prefix
+    continuation and a decode (2 rows: the unfused layers) that reads what they wrote."""
+    from op_log import XrtOpLog
+
+    ref = ModelRunner(dummy_config(num_pages=16))
+    cfg = dummy_config(num_pages=16)
+    cfg.executor.fuse_qkv_epilogue = True
+    cfg.executor.fuse_prefill_activation = True
+    cfg.executor.fuse_prefill_norms = True
+    cfg.executor.skinny_gemm_max_rows = 4
+    fused = ModelRunner(cfg)
+    # Dummy weights give every norm a weight of ones: distinct random weights (the same in both runners), so a norm
+    # applied in the wrong place shows.
+    gen = torch.Generator().manual_seed(7)
+    for (name, a), b in zip(ref.model.named_parameters(), fused.model.parameters(), strict=True):
+        if name.endswith("layernorm.weight") or name.endswith("model.norm.weight"):
+            a.data.copy_(torch.rand(a.shape, generator=gen) + 0.5)
+            b.data.copy_(a.data)
+    steps = [
+        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
+        StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
+        StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
+    ]
+    layers = cfg.model.num_hidden_layers
+    for step, folded in zip(steps, (True, True, False), strict=True):
+        want = ref.execute(step)
+        log = XrtOpLog()
+        with log:
+            got = fused.execute(step)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert log.calls.count("linear_add") == (2 * layers if folded else 0)
+        # unfused: every norm after layer 0's input norm adds the residual first (the final one too)
+        assert log.calls.count("fused_add_rms_norm") == (0 if folded else 2 * layers)
+        assert log.calls.count("rms_norm") == 1  # folded: the final norm; unfused: layer 0's input norm
+    assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)

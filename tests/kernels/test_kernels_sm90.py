@@ -21,6 +21,7 @@ from xrt.kernels.decode_attention import DecodeAttention, QKNormRope  # noqa: E4
 from xrt.kernels.gate_up_gemm import linear_silu_and_mul  # noqa: E402
 from xrt.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
 from xrt.kernels.qkv_gemm import linear_qk_norm_rope_store_kv  # noqa: E402
+from xrt.kernels.residual_gemm import linear_add  # noqa: E402
 from xrt.kernels.rms_norm import fused_add_rms_norm, rms_norm  # noqa: E402
 from xrt.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 from xrt.kernels.store_kv import store_kv  # noqa: E402
@@ -58,7 +59,16 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "linear_qk_norm_rope_store_kv tma": lambda: linear_qk_norm_rope_store_kv(
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6, tma=True),
+        "linear_qk_norm_rope_store_kv norm": lambda: linear_qk_norm_rope_store_kv(
+            x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
+            kv_heads, d, 1e-6, w),
         "gate_up linear_silu_and_mul": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16)),
+        "gate_up linear_silu_and_mul norm": lambda: linear_silu_and_mul(
+            x, torch.empty(2 * inter, hidden, dtype=BF16), w),
+        "linear_add o_proj": lambda: linear_add(torch.empty(TOKENS, heads * d, dtype=BF16),
+                                                torch.empty(hidden, heads * d, dtype=BF16), res),
+        "linear_add down": lambda: linear_add(torch.empty(TOKENS, inter, dtype=BF16),
+                                              torch.empty(hidden, inter, dtype=BF16), res),
         "gate_up linear_silu_and_mul tma": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16),
                                                                        tma=True),
         "decode_attention": lambda: attention.run(qkv[:1, :heads * d].view(1, heads, d), cache, indptr, indices,

@@ -250,6 +250,14 @@ class ExecutorArgs:
         "instead of cuBLAS then xrt::silu_and_mul, so the [T, 2I] projection is never written (off until measured: "
         "bench/NOTES.md)",
     )
+    fuse_prefill_norms: bool = field(
+        False,
+        help="with fuse_qkv_epilogue and fuse_prefill_activation, forward passes of more rows than "
+        "skinny_gemm_max_rows (prefill) run each RMSNorm as the prologue of the GEMM after it (qkv, gate_up) and each "
+        "residual add as the epilogue of the projection before it (o_proj, down: xrt::linear_add; with tensor "
+        "parallelism the add follows the all-reduce), so no norm kernel runs and the residual stream is written once "
+        "a sublayer (off until measured: bench/NOTES.md)",
+    )
     staging_loop_max_rows: int = field(
         8, help="decode batches up to this many rows are staged by a per-row loop, larger ones vectorized (host "
         "time only)", validator=ge(0),
@@ -267,6 +275,9 @@ class ExecutorArgs:
                     f"must all be <= prefill_graph_max_tokens={top}, got {max(self.prefill_graph_token_buckets)}",
                 )
             )
+        if self.fuse_prefill_norms and not (self.fuse_qkv_epilogue and self.fuse_prefill_activation):
+            out.append(("fuse_prefill_norms", "needs fuse_qkv_epilogue=true and fuse_prefill_activation=true (the "
+                        "norms run as those GEMMs' prologue)"))
         return out
 
 

@@ -6,7 +6,8 @@ Grid: (token tiles x column tiles of I), grouped along the tokens (xrt.kernels.g
 BLOCK_M tokens and BLOCK_N columns j of the intermediate size, and computes both halves they need: gate column j
 (weight row j) and up column j (weight row I + j), two accumulators (`gemm_tiles.dual_dot`), so the activation
 needs nothing from other programs. Both are rounded to the activation dtype first, as the unfused GEMM's output
-would be; from there the numerics are `xrt.kernels.silu_and_mul`'s (fp32, one rounding).
+would be; from there the numerics are `xrt.kernels.silu_and_mul`'s (fp32, one rounding). Given the norm's weight,
+the post-attention RMSNorm before the GEMM is its prologue (`executor.fuse_prefill_norms`, `gemm_tiles`).
 
 Only for prefill-sized launches: a skinny decode batch runs the skinny GEMM (its gated FMA epilogue where it
 takes the shape). Not launched with PDL (prefill rows exceed `executor.pdl_max_rows`)."""
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import dual_dot, grouped_tile
+from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale
 
 # Tokens x intermediate columns per program, K step, warps, stages: two 128 x 64 accumulators (the qkv GEMM's
 # dot-per-half shape).
@@ -36,9 +37,9 @@ TMA = False
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
 @triton.jit(do_not_specialize=["M"])
 def _gate_up_kernel(
-    x_ptr, w_ptr, out_ptr, M, K, inter, stride_xm, stride_om,
+    x_ptr, w_ptr, out_ptr, norm_ptr, M, K, inter, stride_xm, stride_om, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, NORM: tl.constexpr,
 ):
     pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(inter, BLOCK_N), GROUP_M)
     rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -50,8 +51,11 @@ def _gate_up_kernel(
         # come in by the copy engine, rows past the ends as zeros (intermediate sizes in whole tiles: `supports`).
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             x = x_ptr.load([pm * BLOCK_M, k0])
+            if NORM:
+                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
             gate_w = w_ptr.load([pn * BLOCK_N, k0])
             up_w = w_ptr.load([inter + pn * BLOCK_N, k0])
             if DOT_FP32:
@@ -65,7 +69,11 @@ def _gate_up_kernel(
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         gate_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
         up_ptrs = gate_ptrs + inter.to(tl.int64) * K
-        acc_gate, acc_up = dual_dot(x_ptrs, gate_ptrs, up_ptrs, m_ok, n_ok, K, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
+        acc_gate, acc_up, ss = dual_dot(x_ptrs, gate_ptrs, up_ptrs, m_ok, n_ok, K, norm_ptr, BLOCK_M, BLOCK_N,
+                                        BLOCK_K, DOT_FP32, NORM)
+    if NORM:
+        acc_gate = rms_scale(acc_gate, ss, K, eps)
+        acc_up = rms_scale(acc_up, ss, K, eps)
     dtype = out_ptr.dtype.element_ty
     gate = acc_gate.to(dtype).to(tl.float32)
     up = acc_up.to(dtype).to(tl.float32)
@@ -80,11 +88,13 @@ def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
 
 
 def linear_silu_and_mul(
-    x: torch.Tensor, weight: torch.Tensor, *, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-    block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, tma: bool = TMA,
+    x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+    block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES, tma: bool = TMA,
 ) -> torch.Tensor:
-    """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up] [2I, K] -> [T, I] in x's dtype. The tile arguments
-    are for the kernel bench and the CPU tests; the defaults are what the op runs. tma: the operand tiles through
+    """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up] [2I, K] -> [T, I] in x's dtype; with norm_weight [K],
+    x's rows RMS-normalised first (eps; the RMSNorm prologue, `xrt.kernels.gemm_tiles`). The tile arguments are
+    for the kernel bench and the CPU tests; the defaults are what the op runs. tma: the operand tiles through
     tensor descriptors (the intermediate size must then be a multiple of block_n: a gate tile must not reach into
     the up rows)."""
     if x.dim() != 2 or x.stride(1) != 1:
@@ -98,6 +108,7 @@ def linear_silu_and_mul(
     if not supports(x, block_k):
         raise ValueError(f"gate_up linear_silu_and_mul: expected 16-bit x with a hidden size that is a multiple of "
                          f"{block_k}, got {x.dtype}, hidden {k}")
+    check_norm_weight("gate_up linear_silu_and_mul", norm_weight, k)
     inter = weight.shape[0] // 2
     if tma and inter % block_n:
         raise ValueError(f"gate_up linear_silu_and_mul: tma needs the intermediate size in whole {block_n}-column "
@@ -115,8 +126,8 @@ def linear_silu_and_mul(
         x_arg = TensorDescriptor.from_tensor(x, [block_m, block_k])
         w_arg = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _gate_up_kernel[grid](
-        x_arg, w_arg, out, t, k, inter, x.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, TMA=tma, DOT_FP32=dot_fp32,
-        num_warps=num_warps, num_stages=num_stages,
+        x_arg, w_arg, out, x if norm_weight is None else norm_weight, t, k, inter, x.stride(0), out.stride(0),
+        float(eps), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, TMA=tma, DOT_FP32=dot_fp32,
+        NORM=norm_weight is not None, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -1,11 +1,24 @@
-"""Pieces the prefill GEMMs with fused epilogues share (xrt/kernels/qkv_gemm.py, gate_up_gemm.py): the grouped
-order of output tiles and the K loop of two dots over one activation tile. The weights are a linear's, [N, K]
-contiguous; K is a multiple of the K step (the wrappers check it)."""
+"""Pieces the prefill GEMMs with fused epilogues share (xrt/kernels/qkv_gemm.py, gate_up_gemm.py,
+residual_gemm.py): the grouped order of output tiles, the K loop of two dots over one activation tile, and the
+RMSNorm prologue. The weights are a linear's, [N, K] contiguous; K is a multiple of the K step (the wrappers check
+it).
+
+The RMSNorm prologue (`executor.fuse_prefill_norms`): a program's K loop reads its rows whole, so it sums their
+squares as it goes and multiplies each activation tile by the norm's weight before the dot; the rows' 1 / RMS is
+known only after the loop, and scales the accumulator then (`rms_scale`). The product differs from normalising first
+(`xrt.ops.reference.rms_norm` then the GEMM) by where the operand is rounded: x * w instead of x * w / RMS."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def check_norm_weight(what: str, norm_weight: torch.Tensor | None, hidden: int) -> None:
+    """The RMSNorm prologue's weight, where a wrapper takes one: contiguous [hidden]."""
+    if norm_weight is not None and (tuple(norm_weight.shape) != (hidden,) or norm_weight.stride(0) != 1):
+        raise ValueError(f"{what} norm_weight: expected a contiguous [{hidden}], got {tuple(norm_weight.shape)}")
 
 
 @triton.jit
@@ -19,15 +32,35 @@ def grouped_tile(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def dual_dot(x_ptrs, a_ptrs, b_ptrs, m_ok, n_ok, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
-    """x [BLOCK_M, K] @ a^T and @ b^T (a, b: [BLOCK_N, K] row tiles of the weight), fp32 accumulators. The pointer
-    tiles start at k = 0 and step BLOCK_K; m_ok [BLOCK_M] / n_ok [BLOCK_N] mask the rows past the tensors' ends.
-    DOT_FP32: upcast 16-bit operands first (the CPU interpreter's dot multiplies them as bit patterns)."""
+def normed_operand(x, norm_ptr, k0, ss, BLOCK_K: tl.constexpr):
+    """The RMSNorm prologue on one activation tile x [BLOCK_M, BLOCK_K] of columns k0...: (x * the norm's weight,
+    rounded to x's dtype; ss + the rows' sums of squares)."""
+    xf = x.to(tl.float32)
+    w = tl.load(norm_ptr + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
+    return (xf * w[None, :]).to(x.dtype), ss + tl.sum(xf * xf, axis=1)
+
+
+@triton.jit
+def rms_scale(acc, ss, K, eps):
+    """The RMSNorm prologue's end: the accumulator's rows times 1 / RMS of their activation rows (ss over K)."""
+    return acc * tl.rsqrt(ss / K + eps)[:, None]
+
+
+@triton.jit
+def dual_dot(x_ptrs, a_ptrs, b_ptrs, m_ok, n_ok, K, norm_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, NORM: tl.constexpr):
+    """x [BLOCK_M, K] @ a^T and @ b^T (a, b: [BLOCK_N, K] row tiles of the weight), fp32 accumulators, and the rows'
+    sums of squares of x (zeros unless NORM: then x's tiles are multiplied by norm_ptr's weight first,
+    `normed_operand`). The pointer tiles start at k = 0 and step BLOCK_K; m_ok [BLOCK_M] / n_ok [BLOCK_N] mask the
+    rows past the tensors' ends. DOT_FP32: upcast 16-bit operands first (the CPU interpreter's dot multiplies them
+    as bit patterns)."""
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        if NORM:
+            x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
         a = tl.load(a_ptrs, mask=n_ok[:, None], other=0.0)
         b = tl.load(b_ptrs, mask=n_ok[:, None], other=0.0)
         if DOT_FP32:
@@ -39,4 +72,4 @@ def dual_dot(x_ptrs, a_ptrs, b_ptrs, m_ok, n_ok, K, BLOCK_M: tl.constexpr, BLOCK
         x_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    return acc_a, acc_b
+    return acc_a, acc_b, ss

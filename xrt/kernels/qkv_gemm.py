@@ -9,7 +9,8 @@ computed as two dots of D / 2 columns, which are the halves already). `tma=True`
 tensor descriptors (the copy engine) instead of pointer loads.
 The accumulator is rounded to the activation dtype before the norm, as the unfused GEMM's output would be; from
 there the numerics are `xrt.kernels.qk_norm_rope`'s (fp32 norm, weight and rotation, one rounding). k and v heads
-also go to the paged cache at `slot_mapping` (rows with slot < 0 are not written).
+also go to the paged cache at `slot_mapping` (rows with slot < 0 are not written). Given the input norm's weight,
+the layer's RMSNorm before the GEMM is its prologue (`executor.fuse_prefill_norms`, `gemm_tiles`).
 
 Only for prefill-sized launches: a skinny decode batch runs `xrt::linear` (its kernel where it wins) and the
 attention kernel that fuses the norm and RoPE itself. The launch is not captured with PDL (prefill rows exceed
@@ -23,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import dual_dot, grouped_tile
+from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale
 from xrt.kernels.store_kv import check_kv_cache
 
 # Tokens per program and K step: 128 x 128 tiles on tensor cores, 8 warps (one warp group per 64 rows).
@@ -56,12 +57,12 @@ def _norm_rope_halves(y1, y2, w_ptr, cos, sin, eps, HALF: tl.constexpr):
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
 @triton.jit(do_not_specialize=["M"])
 def _qkv_gemm_kernel(
-    x_ptr, w_ptr, out_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr, cache_ptr, slot_ptr,
+    x_ptr, w_ptr, out_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, pos_ptr, cache_ptr, slot_ptr, norm_ptr,
     M, K, stride_xm, stride_om, stride_cs,
     c_page_stride, c_kv_stride, c_slot_stride, c_head_stride, page_size, eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_DOT: tl.constexpr, TMA: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, NORM: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     pm, head = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_HEADS + 2 * NUM_KV_HEADS, GROUP_M)
@@ -74,13 +75,18 @@ def _qkv_gemm_kernel(
         # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [HEAD_DIM, BLOCK_K] blocks): the tiles come
         # in by the copy engine, rows past M as zeros.
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             x = x_ptr.load([pm * BLOCK_M, k0])
+            if NORM:
+                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
             w = w_ptr.load([head * HEAD_DIM, k0])
             if DOT_FP32:
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
             acc = tl.dot(x, w.T, acc)
+        if NORM:
+            acc = rms_scale(acc, ss, K, eps)
         y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))
     elif ONE_DOT:
         # One [BLOCK_M, HEAD_DIM] dot a K step (the wider tensor-core instruction), split into halves after.
@@ -88,8 +94,11 @@ def _qkv_gemm_kernel(
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w_ptrs = w_ptr + (head * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None].to(tl.int64) * K + rk[None, :]
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        for _ in range(0, K, BLOCK_K):  # K is a multiple of BLOCK_K (`supports`)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):  # K is a multiple of BLOCK_K (`supports`)
             x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            if NORM:
+                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
             w = tl.load(w_ptrs)
             if DOT_FP32:
                 x = x.to(tl.float32)
@@ -97,13 +106,18 @@ def _qkv_gemm_kernel(
             acc = tl.dot(x, tl.trans(w), acc)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if NORM:
+            acc = rms_scale(acc, ss, K, eps)
         y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))
     else:
         # The head's halves as two dots of HALF columns: the accumulators are already the halves RoPE pairs.
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w1_ptrs = w_ptr + (head * HEAD_DIM + rh)[:, None].to(tl.int64) * K + rk[None, :]
-        acc1, acc2 = dual_dot(x_ptrs, w1_ptrs, w1_ptrs + HALF * K, m_ok, rh >= 0, K, BLOCK_M, HALF, BLOCK_K,
-                              DOT_FP32)
+        acc1, acc2, ss = dual_dot(x_ptrs, w1_ptrs, w1_ptrs + HALF * K, m_ok, rh >= 0, K, norm_ptr, BLOCK_M, HALF,
+                                  BLOCK_K, DOT_FP32, NORM)
+        if NORM:
+            acc1 = rms_scale(acc1, ss, K, eps)
+            acc2 = rms_scale(acc2, ss, K, eps)
         y1 = acc1.to(dtype)
         y2 = acc2.to(dtype)
     out_rows = out_ptr + rm[:, None].to(tl.int64) * stride_om + head * HEAD_DIM + rh[None, :]
@@ -143,13 +157,14 @@ def supports(x: torch.Tensor, head_dim: int, block_k: int = BLOCK_K) -> bool:
 def linear_qk_norm_rope_store_kv(
     x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, *, block_m: int = BLOCK_M,
-    block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES, one_dot: bool = ONE_DOT,
-    tma: bool = TMA,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, norm_weight: torch.Tensor | None = None, *,
+    block_m: int = BLOCK_M, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+    one_dot: bool = ONE_DOT, tma: bool = TMA,
 ) -> torch.Tensor:
     """x [T, K] @ weight [(H + 2 KV) * D, K]^T, its q and k heads normalised and rotated, its k and v heads
     written to kv_cache at slot_mapping: returns qkv [T, (H + 2 KV) * D] as xrt::qk_norm_rope_store_kv leaves it.
-    The tile arguments are for the kernel bench and the CPU tests; the defaults are what the op runs."""
+    With norm_weight [K], x's rows RMS-normalised first (the same eps; the RMSNorm prologue). The tile arguments
+    are for the kernel bench and the CPU tests; the defaults are what the op runs."""
     width = (num_heads + 2 * num_kv_heads) * head_dim
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"linear_qk_norm_rope_store_kv x: expected [tokens, hidden] with unit last stride, got "
@@ -174,6 +189,7 @@ def linear_qk_norm_rope_store_kv(
             raise ValueError(f"linear_qk_norm_rope_store_kv {name}: expected a contiguous [{t}], got "
                              f"{tuple(v.shape)}")
     check_kv_cache(kv_cache, num_kv_heads, head_dim)
+    check_norm_weight("linear_qk_norm_rope_store_kv", norm_weight, k)
     out = x.new_empty(t, width)
     if t == 0:
         return out
@@ -188,10 +204,10 @@ def linear_qk_norm_rope_store_kv(
         w_arg = TensorDescriptor.from_tensor(weight, [head_dim, block_k])
     _qkv_gemm_kernel[grid](
         x_arg, w_arg, out, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
-        t, k, x.stride(0), out.stride(0), cos_sin_cache.stride(0),
+        x if norm_weight is None else norm_weight, t, k, x.stride(0), out.stride(0), cos_sin_cache.stride(0),
         *kv_cache.stride()[:4], kv_cache.shape[2], float(eps),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=GROUP_M, ONE_DOT=one_dot, TMA=tma, DOT_FP32=dot_fp32,
-        num_warps=num_warps, num_stages=num_stages,
+        NORM=norm_weight is not None, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -65,6 +65,17 @@ class QKNormSelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, layer_idx)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self._attend(positions, hidden, None))
+
+    def forward_fused(self, positions: torch.Tensor, stream: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """stream + forward(positions, norm(stream)) for prefill rows (`executor.fuse_prefill_norms`, which needs
+        `executor.fuse_qkv_epilogue`): the norm as the qkv GEMM's prologue, the residual add as o_proj's epilogue
+        (on CPU the ops' references: the same values as the unfused layer)."""
+        return self.o_proj.forward_add(self._attend(positions, stream, norm), stream)
+
+    def _attend(self, positions: torch.Tensor, hidden: torch.Tensor, norm: RMSNorm | None) -> torch.Tensor:
+        """The attention's output [T, H * D] before o_proj; norm: the layer's input norm, still to apply to
+        hidden."""
         t, h, kv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ctx = get_forward_context()
         attn = self.attn
@@ -72,13 +83,16 @@ class QKNormSelfAttention(nn.Module):
         if self.fuse_qkv_epilogue and t > self.qkv_proj.skinny_rows and not ctx.backend.fuses_qk_norm_rope():
             # One GEMM writes the normalised, rotated qkv and this step's K/V (executor.fuse_qkv_epilogue; on CPU
             # the op's reference runs the same ops as below), so a tier's copy into this layer's pages must be in
-            # before the GEMM starts.
+            # before the GEMM starts. The input norm, if still due, is its prologue.
             ctx.wait_kv(attn.layer_idx)
             qkv = torch.ops.xrt.linear_qk_norm_rope_store_kv(
                 hidden, self.qkv_proj.weight, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache,
                 positions, attn.kv_cache, ctx.meta.slot_mapping, h, kv, d, self.eps,
+                None if norm is None else norm.weight,
             )
         else:
+            if norm is not None:
+                hidden = norm.forward(hidden)
             # [T, (H + 2 KV) * D]: normalised and rotated in place below, or by the attention kernel where it fuses
             # that
             qkv = self.qkv_proj(hidden)
@@ -91,7 +105,7 @@ class QKNormSelfAttention(nn.Module):
                 rope = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions,
                                   ctx.meta.slot_mapping, self.eps)
                 out = ctx.backend.forward_fused(qkv, rope, attn.kv_cache, attn.layer_idx, attn.scale, pdl=pdl)
-                return self.o_proj(out.reshape(t, h * d))
+                return out.reshape(t, h * d)
             torch.ops.xrt.qk_norm_rope_store_kv(
                 qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache, positions, attn.kv_cache,
                 ctx.meta.slot_mapping, h, kv, d, self.eps, pdl,
@@ -99,4 +113,4 @@ class QKNormSelfAttention(nn.Module):
         # Strided views of the packed, now normalised and rotated, qkv: no copies.
         q, k, v = qkv.view(t, h + 2 * kv, d).split((h, kv, kv), dim=1)
         out = ctx.backend.forward(q, attn.kv_cache, attn.layer_idx, attn.scale, k, v, pdl=pdl)
-        return self.o_proj(out.reshape(t, h * d))
+        return out.reshape(t, h * d)

@@ -131,6 +131,13 @@ class RowParallelLinear(_Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._reduce(self.matmul(x))
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + forward(x), a new tensor: on one rank one xrt::linear_add (on CUDA past the skinny GEMM's
+        batches a GEMM with the add in its epilogue); with more ranks the add follows the all-reduce."""
+        if self.tp_size == 1 and x.dim() == 2:
+            return torch.ops.xrt.linear_add(x, self.weight, residual)
+        return self.forward(x) + residual
+
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         # Each rank's partial product over its input slice: the all-reduce sums them.
         if self.tp_size > 1:

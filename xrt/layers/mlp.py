@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from xrt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from xrt.layers.norm import RMSNorm
 from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
 from xrt.ops.parallel_state import SINGLE, TPState
 
@@ -34,3 +35,10 @@ class GatedMLP(nn.Module):
             # same two ops as below).
             return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
         return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x), pdl))
+
+    def forward_fused(self, stream: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """stream + forward(norm(stream)) for prefill rows (`executor.fuse_prefill_norms`): on CUDA the norm is the
+        gate_up GEMM's prologue and the residual add down's epilogue (on CPU the ops' references: the same
+        values as the unfused layer)."""
+        act = torch.ops.xrt.linear_silu_and_mul(stream, self.gate_up_proj.weight, False, norm.weight, norm.eps)
+        return self.down_proj.forward_add(act, stream)

@@ -28,13 +28,17 @@ class LayerOptions:
     # The prefill's gate_up projection and activation as one xrt::linear_silu_and_mul
     # (executor.fuse_prefill_activation).
     fuse_prefill_activation: bool = False
+    # The prefill's RMSNorms as the prologue of the qkv and gate_up GEMMs and the residual adds as the epilogue of
+    # o_proj and down (executor.fuse_prefill_norms).
+    fuse_prefill_norms: bool = False
 
     @classmethod
     def of(cls, executor: ExecutorArgs) -> LayerOptions:
         return cls(skinny_rows=executor.skinny_gemm_max_rows,
                    pdl_max_rows=executor.pdl_max_rows if executor.pdl else -1,
                    fuse_activation=executor.fuse_activation, fuse_qkv_epilogue=executor.fuse_qkv_epilogue,
-                   fuse_prefill_activation=executor.fuse_prefill_activation)
+                   fuse_prefill_activation=executor.fuse_prefill_activation,
+                   fuse_prefill_norms=executor.fuse_prefill_norms)
 
 
 # The schema's defaults: for models and layers built without a config (tests, tools).

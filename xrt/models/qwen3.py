@@ -46,12 +46,21 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, dtype, device, tp, options)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device, options)
+        self.fuse_prefill_norms = options.fuse_prefill_norms
+        self.skinny_rows = options.skinny_rows
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual stream before it); the next layer's norm adds them. The sublayers'
-        forward is called directly: nothing hooks them, and nn.Module.__call__ costs host time on every step."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (mlp output, residual stream before it); the next layer's norm adds them. With
+        `executor.fuse_prefill_norms` a prefill pass (more rows than the skinny GEMM's) returns (residual stream
+        after the layer, None) instead: each residual add is the epilogue of the projection before it, each norm
+        the prologue of the GEMM after it, and the next layer (or the final norm) takes the stream as layer 0
+        takes the embeddings. The sublayers' forward is called directly: nothing hooks them, and
+        nn.Module.__call__ costs host time on every step."""
+        if self.fuse_prefill_norms and residual is None and hidden.shape[0] > self.skinny_rows:
+            stream = self.self_attn.forward_fused(positions, hidden, self.input_layernorm)
+            return self.mlp.forward_fused(stream, self.post_attention_layernorm), None
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -82,7 +91,8 @@ class Qwen3Model(nn.Module):
 
     def run_layers(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, start: int,
                    end: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Layers [start, end) over (layer output, residual stream before it); residual None before layer 0."""
+        """Layers [start, end) over (layer output, residual stream before it); residual None before layer 0 (and
+        between layers that fused their norms: `Qwen3DecoderLayer.forward`)."""
         for layer in itertools.islice(self.layers, start, end):
             hidden, residual = layer(positions, hidden, residual)
         return hidden, residual

@@ -42,6 +42,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> to
 register_device_impl("linear", "cuda", linear)
 
 _silu_and_mul = lazy_function("xrt.kernels.silu_and_mul", "silu_and_mul")
+_rms_norm = lazy_function("xrt.kernels.rms_norm", "rms_norm")
 
 
 def _on_fma_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -58,15 +59,19 @@ _gate_up_gemm = lazy_function("xrt.kernels.gate_up_gemm", "linear_silu_and_mul")
 _SKINNY_MAX_ROWS = 8
 
 
-def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """Where the skinny GEMM runs the gate_up shape on its FMA path: one launch, silu(gate) * up its epilogue.
-    Past the skinny GEMM's batches (prefill, `executor.fuse_prefill_activation`): the Triton GEMM with the
-    activation in its epilogue (`xrt.kernels.gate_up_gemm`) where it takes the input. Elsewhere the two apart, as
-    xrt::linear then silu_and_mul."""
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None,
+                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Past the skinny GEMM's batches (prefill, `executor.fuse_prefill_activation`): the Triton GEMM with the
+    activation in its epilogue and norm_weight's RMSNorm, if any, as its prologue (`xrt.kernels.gate_up_gemm`)
+    where it takes the input. Elsewhere the norm first (its kernel), then: where the skinny GEMM runs the gate_up
+    shape on its FMA path one launch, silu(gate) * up its epilogue; else the two apart, as xrt::linear then
+    silu_and_mul."""
+    if x.shape[0] > _SKINNY_MAX_ROWS and bool(_gate_up_supports(x)):
+        return _gate_up_gemm(x, weight, norm_weight, eps)
+    if norm_weight is not None:
+        x = _rms_norm(x, norm_weight, eps, pdl)
     if _on_fma_path(x, weight):
         return _gemv(x, weight, None, None, pdl, True)
-    if x.shape[0] > _SKINNY_MAX_ROWS and bool(_gate_up_supports(x)):
-        return _gate_up_gemm(x, weight)
     return _silu_and_mul(linear(x, weight, pdl), pdl)
 
 
@@ -80,13 +85,16 @@ _qk_norm_rope_store_kv = lazy_function("xrt.kernels.qk_norm_rope", "qk_norm_rope
 def linear_qk_norm_rope_store_kv(
     x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, norm_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One GEMM with the norm, RoPE and KV write in its epilogue (`xrt.kernels.qkv_gemm`) where it takes the
-    shape; elsewhere xrt::linear then the qk_norm_rope_store_kv kernel."""
+    """One GEMM with norm_weight's RMSNorm, if any, as its prologue and the q/k norm, RoPE and KV write in its
+    epilogue (`xrt.kernels.qkv_gemm`) where it takes the shape; elsewhere the rms_norm kernel, xrt::linear, then
+    the qk_norm_rope_store_kv kernel."""
     if bool(_qkv_supports(x, head_dim)):
         return _qkv_gemm(x, weight, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping,
-                         num_heads, num_kv_heads, head_dim, eps)
+                         num_heads, num_kv_heads, head_dim, eps, norm_weight)
+    if norm_weight is not None:
+        x = _rms_norm(x, norm_weight, eps)
     qkv = linear(x, weight)
     _qk_norm_rope_store_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads,
                            num_kv_heads, head_dim, eps)
@@ -94,3 +102,17 @@ def linear_qk_norm_rope_store_kv(
 
 
 register_device_impl("linear_qk_norm_rope_store_kv", "cuda", linear_qk_norm_rope_store_kv)
+
+_residual_supports = lazy_function("xrt.kernels.residual_gemm", "supports")
+_residual_gemm = lazy_function("xrt.kernels.residual_gemm", "linear_add")
+
+
+def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """Past the skinny GEMM's batches: one Triton GEMM with the residual add in its epilogue
+    (`xrt.kernels.residual_gemm`) where it takes the input; elsewhere xrt::linear, then the add."""
+    if x.shape[0] > _SKINNY_MAX_ROWS and bool(_residual_supports(x)):
+        return _residual_gemm(x, weight, residual)
+    return linear(x, weight) + residual
+
+
+register_device_impl("linear_add", "cuda", linear_add)

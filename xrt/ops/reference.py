@@ -18,6 +18,10 @@ def _like_first(x: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def _like_first_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(residual)
+
+
 def _rows_by_out_features(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
@@ -82,13 +86,25 @@ def silu_and_mul(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     return (F.silu(x32[..., :half]) * x32[..., half:]).to(x.dtype)
 
 
-@op("(Tensor x, Tensor weight, bool? pdl=None) -> Tensor",
-    lambda x, weight, pdl=None: x.new_empty((x.shape[0], weight.shape[0] // 2)))
-def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """The gated MLP's first half: silu_and_mul(linear(x, weight)), weight [gate; up] [2I, K] -> [M, I]. On CUDA
-    one skinny-GEMM launch with the activation as its epilogue where that kernel runs the shape, and past its
-    batches a Triton GEMM with the activation in its epilogue (`xrt.ops.cuda_impls.linear_silu_and_mul`)."""
+@op("(Tensor x, Tensor weight, bool? pdl=None, Tensor? norm_weight=None, float eps=1e-6) -> Tensor",
+    lambda x, weight, *args: x.new_empty((x.shape[0], weight.shape[0] // 2)))
+def linear_silu_and_mul(x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None,
+                        norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """The gated MLP's first half: silu_and_mul(linear(x, weight)), weight [gate; up] [2I, K] -> [M, I]; with
+    norm_weight, x is rms_norm(x, norm_weight, eps) first. On CUDA one skinny-GEMM launch with the activation as its
+    epilogue where that kernel runs the shape, and past its batches a Triton GEMM with the activation in its
+    epilogue and the norm as its prologue (`xrt.ops.cuda_impls.linear_silu_and_mul`)."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
     return silu_and_mul(linear(x, weight))
+
+
+@op("(Tensor x, Tensor weight, Tensor residual) -> Tensor", _like_first_residual)
+def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + linear(x, weight), the product rounded first (as the layers' unfused add: `fused_add_rms_norm`).
+    On CUDA one Triton GEMM with the add in its epilogue past the skinny GEMM's batches
+    (`xrt.ops.cuda_impls.linear_add`)."""
+    return linear(x, weight) + residual
 
 
 @op("(Tensor logits, Tensor(a1!) out, bool? pdl=None) -> ()")
@@ -132,17 +148,20 @@ def qk_norm_rope_store_kv(
 @op(
     "(Tensor x, Tensor weight, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, Tensor positions, "
     "Tensor(a6!) kv_cache, Tensor slot_mapping, SymInt num_heads, SymInt num_kv_heads, SymInt head_dim, "
-    "float eps) -> Tensor",
+    "float eps, Tensor? norm_weight=None) -> Tensor",
     _rows_by_out_features,
 )
 def linear_qk_norm_rope_store_kv(
     x: torch.Tensor, weight: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-    num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, norm_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The prefill's qkv projection and what follows it: qkv = linear(x, weight), then qk_norm_rope_store_kv on
-    it; returns qkv. On CUDA one GEMM with the rest in its epilogue where that kernel takes the shape
-    (`xrt.ops.cuda_impls.linear_qk_norm_rope_store_kv`)."""
+    it; returns qkv. With norm_weight, x is rms_norm(x, norm_weight, eps) first (the layer's input norm; Qwen3's
+    norms share one eps). On CUDA one GEMM with the norm as its prologue and the rest in its epilogue where that
+    kernel takes the shape (`xrt.ops.cuda_impls.linear_qk_norm_rope_store_kv`)."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, eps)
     qkv = linear(x, weight)
     qk_norm_rope_store_kv(qkv, q_weight, k_weight, cos_sin_cache, positions, kv_cache, slot_mapping, num_heads,
                           num_kv_heads, head_dim, eps)

@@ -3,7 +3,11 @@ tokens of the model's shape:
 - qkv: cuBLAS then xrt::qk_norm_rope_store_kv, against xrt.kernels.qkv_gemm (the q/k norm, RoPE and KV write in
   the GEMM's epilogue; `executor.fuse_qkv_epilogue`) and a few tilings of it;
 - gate_up: cuBLAS then xrt::silu_and_mul, against xrt.kernels.gate_up_gemm (silu(gate) * up in the epilogue;
-  `executor.fuse_prefill_activation`) and a few tilings.
+  `executor.fuse_prefill_activation`) and a few tilings;
+- both again with the layer's RMSNorm before them: xrt::rms_norm first, against the kernels with the norm as their
+  prologue (`executor.fuse_prefill_norms`);
+- o_proj and down: cuBLAS then the residual add (torch), against xrt.kernels.residual_gemm (the add in the
+  epilogue; `executor.fuse_prefill_norms`) and a few tilings.
 The cuBLAS GEMM alone is a line of its own: the floor the epilogue adds to. Replayed from a CUDA graph (launch
 overhead out, as in the prefill graphs); every fused variant is checked against the unfused output first."""
 
@@ -32,6 +36,16 @@ QKV_VARIANTS: dict[str, dict[str, Any]] = {
     "bk128 stages2": {"block_k": 128, "num_stages": 2},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
     "warps4": {"num_warps": 4},
+}
+NORM_VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tma": {"tma": True}, "stages4": {"num_stages": 4}}
+# residual_gemm: 128 x 128 tiles, K step 64, 8 warps, 3 stages.
+RESIDUAL_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "stages4": {"num_stages": 4},
+    "bn64": {"block_n": 64},
+    "bn256 stages2": {"block_n": 256, "num_stages": 2},
+    "bm64 warps4": {"block_m": 64, "num_warps": 4},
+    "bk128 stages2": {"block_k": 128, "num_stages": 2},
 }
 GATE_UP_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -63,8 +77,9 @@ def _lines(case: str, n: int, nbytes: int, unfused: Callable[[], torch.Tensor], 
 
 
 def run(cfg: XrtConfig, dtype: torch.dtype, device: torch.device) -> Iterator[Measurement]:
-    from xrt.kernels import gate_up_gemm, qkv_gemm
+    from xrt.kernels import gate_up_gemm, qkv_gemm, residual_gemm
     from xrt.kernels.qk_norm_rope import qk_norm_rope_store_kv
+    from xrt.kernels.rms_norm import rms_norm
     from xrt.kernels.silu_and_mul import silu_and_mul
 
     m, page = cfg.model, cfg.cache.page_size
@@ -73,7 +88,10 @@ def run(cfg: XrtConfig, dtype: torch.dtype, device: torch.device) -> Iterator[Me
     width = (heads + 2 * kv_heads) * d
     w_qkv = torch.randn(width, hidden, device=device).mul_(hidden**-0.5).to(dtype)
     w_gate_up = torch.randn(2 * inter, hidden, device=device).mul_(hidden**-0.5).to(dtype)
+    w_o = torch.randn(hidden, heads * d, device=device).mul_((heads * d)**-0.5).to(dtype)
+    w_down = torch.randn(hidden, inter, device=device).mul_(inter**-0.5).to(dtype)
     q_w, k_w = (torch.randn(d, device=device) * 0.5 + 1).to(dtype), (torch.randn(d, device=device) * 0.5 + 1).to(dtype)
+    norm_w = (torch.rand(hidden, device=device) + 0.5).to(dtype)
     max_pos = min(m.max_position_embeddings, 1 << 16)
     cos_sin = rope_cache(d, m.rope_theta, max_pos, device)
     elem = dtype.itemsize
@@ -109,5 +127,50 @@ def run(cfg: XrtConfig, dtype: torch.dtype, device: torch.device) -> Iterator[Me
         yield from _lines("gate_up + silu_and_mul", n, nbytes, gate_up_unfused,
                           lambda x=x: torch.mm(x, w_gate_up.t()),
                           gate_up_fused if gate_up_gemm.supports(x) else None, GATE_UP_VARIANTS)
-        del x, cache
+
+        # The same two with the RMSNorm before them: the stream at a residual's scale, normalised by xrt::rms_norm
+        # (one more read and write of [n, hidden]) or in the GEMM's prologue.
+        stream = (x.float() * 8).to(dtype)
+
+        def norm_qkv_unfused(stream: torch.Tensor = stream, args: tuple = args) -> torch.Tensor:
+            qkv = torch.mm(rms_norm(stream, norm_w, eps), w_qkv.t())
+            qk_norm_rope_store_kv(qkv, *args)
+            return qkv
+
+        def norm_qkv_fused(stream: torch.Tensor = stream, args: tuple = args, **tiles: Any) -> torch.Tensor:
+            return qkv_gemm.linear_qk_norm_rope_store_kv(stream, w_qkv, *args, norm_w, **tiles)
+
+        nbytes = (n * hidden + width * hidden + n * width + 2 * n * kv_heads * d) * elem
+        yield from _lines("rms_norm + qkv + norm + rope + kv", n, nbytes, norm_qkv_unfused,
+                          lambda stream=stream: torch.mm(stream, w_qkv.t()),
+                          norm_qkv_fused if qkv_gemm.supports(x, d) else None, NORM_VARIANTS)
+
+        def norm_gate_up_unfused(stream: torch.Tensor = stream) -> torch.Tensor:
+            return silu_and_mul(torch.mm(rms_norm(stream, norm_w, eps), w_gate_up.t()))
+
+        def norm_gate_up_fused(stream: torch.Tensor = stream, **tiles: Any) -> torch.Tensor:
+            return gate_up_gemm.linear_silu_and_mul(stream, w_gate_up, norm_w, eps, **tiles)
+
+        nbytes = (n * hidden + 2 * inter * hidden + n * inter) * elem
+        yield from _lines("rms_norm + gate_up + silu_and_mul", n, nbytes, norm_gate_up_unfused,
+                          lambda stream=stream: torch.mm(stream, w_gate_up.t()),
+                          norm_gate_up_fused if gate_up_gemm.supports(x) else None, NORM_VARIANTS)
+
+        # o_proj and down with the residual add after them.
+        for case, k, w in (("o_proj + residual add", heads * d, w_o), ("down + residual add", inter, w_down)):
+            a = torch.randn(n, k, device=device).to(dtype)
+
+            def add_unfused(a: torch.Tensor = a, w: torch.Tensor = w, res: torch.Tensor = stream) -> torch.Tensor:
+                return torch.mm(a, w.t()) + res
+
+            def add_fused(a: torch.Tensor = a, w: torch.Tensor = w, res: torch.Tensor = stream,
+                          **tiles: Any) -> torch.Tensor:
+                return residual_gemm.linear_add(a, w, res, **tiles)
+
+            # a, the weight and the residual in, the new stream out
+            nbytes = (n * k + hidden * k + 2 * n * hidden) * elem
+            yield from _lines(case, n, nbytes, add_unfused, lambda a=a, w=w: torch.mm(a, w.t()),
+                              add_fused if residual_gemm.supports(a) else None, RESIDUAL_VARIANTS)
+            del a
+        del x, cache, stream
         torch.cuda.empty_cache()
