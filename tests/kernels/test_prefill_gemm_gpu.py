@@ -181,7 +181,9 @@ def test_linear_silu_and_mul_norm_prologue(device: torch.device, tma: bool, n_to
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)], ids=str)
 @pytest.mark.parametrize(("n_tokens", "out_features", "in_features"), [
+    # 0.6B at ~1k tokens: fewer 128 x 128 tiles than SMs, so the small tile; at 4096 tokens the large one
     pytest.param(1024, 1024, 2048, id="0.6b-o_proj-1024"), pytest.param(1000, 1024, 3072, id="0.6b-down-1000"),
+    pytest.param(4096, 1024, 3072, id="0.6b-down-4096"),
     pytest.param(333, 4096, 12288, id="8b-down-333", marks=pytest.mark.slow),
     pytest.param(9, 100, 128, id="odd-output", marks=pytest.mark.slow)])
 def test_linear_add(device: torch.device, dtype: torch.dtype, n_tokens: int, out_features: int,

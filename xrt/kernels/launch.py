@@ -23,6 +23,14 @@ def num_warps_for(block: int, max_warps: int = 16) -> int:
     return max(1, min(max_warps, block // 256))
 
 
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """The CUDA device's streaming multiprocessors: what one wave of a grid fills."""
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 # Launches whose caller leaves PDL to the kernel (pdl=None: benchmarks and tests calling a kernel or op directly)
 # use it up to this many rows, as the default executor.pdl_max_rows does for the model's launches.
 DEFAULT_PDL_MAX_ROWS = 16

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from xrt.kernels.gemm_tiles import grouped_tile
+from xrt.kernels.launch import sm_count
 
 # Tokens x output columns per program, K step, warps, stages: cuBLAS's 128 x 128-class tile on tensor cores.
 BLOCK_M = 128
@@ -25,6 +26,10 @@ BLOCK_K = 64
 NUM_WARPS = 8
 NUM_STAGES = 3
 GROUP_M = 8
+# Where those tiles would not fill the GPU once (a narrow output at ~1k tokens: 0.6B's o_proj and down are 64 tiles
+# at 1024 tokens), half as many tokens a program and half the warps, so twice the programs.
+SMALL_BLOCK_M = 64
+SMALL_NUM_WARPS = 4
 
 
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
@@ -65,11 +70,13 @@ def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
 
 
 def linear_add(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, block_m: int | None = None,
+    block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int | None = None, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T + residual [T, N] -> [T, N] in x's dtype (a new tensor). The tile arguments are
-    for the kernel bench and the CPU tests; the defaults are what the op runs."""
+    for the kernel bench and the CPU tests; the defaults are what the op runs (block_m and num_warps: BLOCK_M and
+    NUM_WARPS, or the small tile where those fall short of one wave on the GPU). Each token count picks its tile
+    from static sizes, so a prefill graph's warm-up compiles what its capture runs."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"linear_add x: expected [tokens, input] with unit last stride, got shape "
                          f"{tuple(x.shape)} strides {x.stride()}")
@@ -87,6 +94,12 @@ def linear_add(
     out = x.new_empty(t, n)
     if t == 0 or n == 0:
         return out
+    if block_m is None:
+        small = x.is_cuda and triton.cdiv(t, BLOCK_M) * triton.cdiv(n, block_n) < sm_count(x.device.index)
+        block_m = SMALL_BLOCK_M if small else BLOCK_M
+        if num_warps is None:
+            num_warps = SMALL_NUM_WARPS if small else NUM_WARPS
+    num_warps = NUM_WARPS if num_warps is None else num_warps
     # The interpreter's dot multiplies 16-bit floats as their bit patterns: upcast there, never on a GPU.
     dot_fp32 = os.environ.get("TRITON_INTERPRET") == "1"
     grid = (triton.cdiv(t, block_m) * triton.cdiv(n, block_n),)

@@ -38,13 +38,15 @@ QKV_VARIANTS: dict[str, dict[str, Any]] = {
     "warps4": {"num_warps": 4},
 }
 NORM_VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tma": {"tma": True}, "stages4": {"num_stages": 4}}
-# residual_gemm: 128 x 128 tiles, K step 64, 8 warps, 3 stages.
+# residual_gemm: 128 x 128 tiles, K step 64, 8 warps, 3 stages (64 tokens and 4 warps where 128 x 128 tiles fall
+# short of one wave: the default picks, the two bm lines force each).
 RESIDUAL_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
+    "bm128 warps8": {"block_m": 128, "num_warps": 8},
+    "bm64 warps4": {"block_m": 64, "num_warps": 4},
     "stages4": {"num_stages": 4},
     "bn64": {"block_n": 64},
     "bn256 stages2": {"block_n": 256, "num_stages": 2},
-    "bm64 warps4": {"block_m": 64, "num_warps": 4},
     "bk128 stages2": {"block_k": 128, "num_stages": 2},
 }
 GATE_UP_VARIANTS: dict[str, dict[str, Any]] = {
