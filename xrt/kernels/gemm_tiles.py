@@ -47,6 +47,30 @@ def rms_scale(acc, ss, K, eps):
 
 
 @triton.jit
+def single_dot(x_ptrs, w_ptrs, m_ok, n_ok, K, norm_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, NORM: tl.constexpr, MASK_N: tl.constexpr):
+    """x [BLOCK_M, K] @ w^T (w: a [BLOCK_N, K] row tile of the weight), an fp32 accumulator, and the rows' sums of
+    squares of x as in `dual_dot`. MASK_N: mask the weight rows by n_ok (a tile that may reach past the output)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        if NORM:
+            x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
+        if MASK_N:
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs)
+        if DOT_FP32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc, ss
+
+
+@triton.jit
 def dual_dot(x_ptrs, a_ptrs, b_ptrs, m_ok, n_ok, K, norm_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, NORM: tl.constexpr):
     """x [BLOCK_M, K] @ a^T and @ b^T (a, b: [BLOCK_N, K] row tiles of the weight), fp32 accumulators, and the rows'

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale
+from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale, single_dot
 from xrt.kernels.store_kv import check_kv_cache
 
 # Tokens per program and K step: 128 x 128 tiles on tensor cores, 8 warps (one warp group per 64 rows).
@@ -93,19 +93,9 @@ def _qkv_gemm_kernel(
         # x [M, K]; weight [N, K] contiguous, the head's rows head * HEAD_DIM ...
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w_ptrs = w_ptr + (head * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None].to(tl.int64) * K + rk[None, :]
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # K is a multiple of BLOCK_K (`supports`)
-            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
-            if NORM:
-                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
-            w = tl.load(w_ptrs)
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(x, tl.trans(w), acc)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
+        # K is a multiple of BLOCK_K (`supports`); the head's rows are all in the weight (no mask).
+        acc, ss = single_dot(x_ptrs, w_ptrs, m_ok, m_ok, K, norm_ptr, BLOCK_M, HEAD_DIM, BLOCK_K, DOT_FP32, NORM,
+                             False)
         if NORM:
             acc = rms_scale(acc, ss, K, eps)
         y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))
