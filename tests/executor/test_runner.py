@@ -247,11 +247,12 @@ def test_layers_hand_a_fusing_backend_the_raw_qkv() -> None:
 
 
 def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None:
-    """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: forward passes of more rows than
+    """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: prefill passes of more rows than
     skinny_gemm_max_rows run each layer's qkv projection, q/k norm, RoPE and KV write as one
     xrt::linear_qk_norm_rope_store_kv and its gate_up projection and activation as one xrt::linear_silu_and_mul (on
-    CPU their references: the same ops), smaller ones the ops apart. Logits and cache equal the unfused runner's bit
-    for bit, through a prefill, a prefix continuation and a decode that reads what they wrote."""
+    CPU their references: the same ops); smaller passes and decode steps of any size the ops apart. Logits and cache
+    equal the unfused runner's bit for bit, through a prefill, a prefix continuation and decodes that read what they
+    wrote."""
     from op_log import XrtOpLog
 
     ref = ModelRunner(dummy_config(num_pages=16))
@@ -264,9 +265,11 @@ def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None
         StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
         StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
         StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
+        # a decode step of more rows than skinny_gemm_max_rows: not a prefill, so the ops apart
+        StepInput(False, [SeqChunk([20 + i], 0, [page]) for i, page in enumerate((0, 1, 2, 4, 6))]),
     ]
     layers = cfg.model.num_hidden_layers
-    for step, fused_calls in zip(steps, (layers, layers, 0), strict=True):
+    for step, fused_calls in zip(steps, (layers, layers, 0, 0), strict=True):
         want = ref.execute(step)
         log = XrtOpLog()
         with log:
@@ -284,7 +287,8 @@ def test_prefill_norms_switch_folds_the_norms_into_the_gemms_for_prefill_rows() 
     each layer's input and post-attention RMSNorms are passed to the qkv and gate_up ops (their prologue on CUDA)
     and its residual adds are xrt::linear_add after o_proj and down. On CPU the ops' references compute what the
     unfused layers do, so logits and cache equal the unfused runner's bit for bit, through a prefill, a prefix
-    continuation and a decode (2 rows: the unfused layers) that reads what they wrote."""
+    continuation and decodes (unfused layers, also at more rows than skinny_gemm_max_rows) that read what they
+    wrote."""
     from op_log import XrtOpLog
 
     ref = ModelRunner(dummy_config(num_pages=16))
@@ -305,9 +309,11 @@ def test_prefill_norms_switch_folds_the_norms_into_the_gemms_for_prefill_rows() 
         StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
         StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
         StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
+        # a decode step of more rows than skinny_gemm_max_rows: not a prefill, so the ops apart
+        StepInput(False, [SeqChunk([20 + i], 0, [page]) for i, page in enumerate((0, 1, 2, 4, 6))]),
     ]
     layers = cfg.model.num_hidden_layers
-    for step, folded in zip(steps, (True, True, False), strict=True):
+    for step, folded in zip(steps, (True, True, False, False), strict=True):
         want = ref.execute(step)
         log = XrtOpLog()
         with log:

@@ -56,6 +56,12 @@ def get_forward_context() -> ForwardContext:
     return ctx
 
 
+def in_prefill() -> bool:
+    """Whether the forward pass running now is a prefill (`AttentionMetadata.is_prefill`); False outside one."""
+    ctx = _CTX.get()
+    return ctx is not None and ctx.meta.is_prefill
+
+
 def pdl_allowed() -> bool:
     """Whether the forward pass running now lets its layers ask for PDL (ForwardContext.pdl); True outside one."""
     ctx = _CTX.get()

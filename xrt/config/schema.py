@@ -238,22 +238,22 @@ class ExecutorArgs:
     )
     fuse_qkv_epilogue: bool = field(
         False,
-        help="forward passes of more rows than skinny_gemm_max_rows (prefill) run the qkv projection, q/k norm, RoPE "
+        help="prefill passes of more rows than skinny_gemm_max_rows run the qkv projection, q/k norm, RoPE "
         "and KV write as one xrt::linear_qk_norm_rope_store_kv: on CUDA a Triton GEMM with the rest in its epilogue "
         "instead of cuBLAS then xrt::qk_norm_rope_store_kv, so qkv is written once and not read back (off until "
         "measured: bench/NOTES.md)",
     )
     fuse_prefill_activation: bool = field(
         False,
-        help="forward passes of more rows than skinny_gemm_max_rows (prefill) run the MLP's gate_up projection and "
+        help="prefill passes of more rows than skinny_gemm_max_rows run the MLP's gate_up projection and "
         "activation as one xrt::linear_silu_and_mul: on CUDA a Triton GEMM computing silu(gate) * up in its epilogue "
         "instead of cuBLAS then xrt::silu_and_mul, so the [T, 2I] projection is never written (off until measured: "
         "bench/NOTES.md)",
     )
     fuse_prefill_norms: bool = field(
         False,
-        help="with fuse_qkv_epilogue and fuse_prefill_activation, forward passes of more rows than "
-        "skinny_gemm_max_rows (prefill) run each RMSNorm as the prologue of the GEMM after it (qkv, gate_up) and each "
+        help="with fuse_qkv_epilogue and fuse_prefill_activation, prefill passes of more rows than "
+        "skinny_gemm_max_rows run each RMSNorm as the prologue of the GEMM after it (qkv, gate_up) and each "
         "residual add as the epilogue of the projection before it (o_proj, down: xrt::linear_add; with tensor "
         "parallelism the add follows the all-reduce), so no norm kernel runs and the residual stream is written once "
         "a sublayer (off until measured: bench/NOTES.md)",

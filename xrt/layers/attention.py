@@ -80,10 +80,12 @@ class QKNormSelfAttention(nn.Module):
         ctx = get_forward_context()
         attn = self.attn
         pdl = t <= self.pdl_max_rows and ctx.pdl  # as `uses_pdl`, with the context at hand
-        if self.fuse_qkv_epilogue and t > self.qkv_proj.skinny_rows and not ctx.backend.fuses_qk_norm_rope():
+        if (self.fuse_qkv_epilogue and ctx.meta.is_prefill and t > self.qkv_proj.skinny_rows
+                and not ctx.backend.fuses_qk_norm_rope()):
             # One GEMM writes the normalised, rotated qkv and this step's K/V (executor.fuse_qkv_epilogue; on CPU
             # the op's reference runs the same ops as below), so a tier's copy into this layer's pages must be in
-            # before the GEMM starts. The input norm, if still due, is its prologue.
+            # before the GEMM starts. The input norm, if still due, is its prologue. Prefill passes only: a decode
+            # batch of ~100 rows would leave the GEMM's 128-token tiles a few dozen programs.
             ctx.wait_kv(attn.layer_idx)
             qkv = torch.ops.xrt.linear_qk_norm_rope_store_kv(
                 hidden, self.qkv_proj.weight, self.q_norm.weight, self.k_norm.weight, self.rotary.cos_sin_cache,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xrt.attention.context import in_prefill
 from xrt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from xrt.layers.norm import RMSNorm
 from xrt.layers.options import DEFAULT_OPTIONS, LayerOptions, uses_pdl
@@ -30,8 +31,8 @@ class GatedMLP(nn.Module):
         if self.fuse_activation and x.dim() == 2 and x.is_cuda and rows <= self.gate_up_proj.skinny_rows:
             # Where gate_up_proj would run xrt::linear: the same routing, the activation in the GEMM's epilogue.
             return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
-        if self.fuse_prefill_activation and x.dim() == 2 and rows > self.gate_up_proj.skinny_rows:
-            # Prefill rows: one GEMM with the activation in its epilogue on CUDA (on CPU the op's reference, the
+        if self.fuse_prefill_activation and x.dim() == 2 and rows > self.gate_up_proj.skinny_rows and in_prefill():
+            # Prefill passes: one GEMM with the activation in its epilogue on CUDA (on CPU the op's reference, the
             # same two ops as below).
             return self.down_proj.forward(torch.ops.xrt.linear_silu_and_mul(x, self.gate_up_proj.weight, pdl))
         return self.down_proj.forward(torch.ops.xrt.silu_and_mul(self.gate_up_proj(x), pdl))

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from xrt.attention.context import in_prefill
 from xrt.config import ModelArgs
 from xrt.layers.attention import QKNormSelfAttention
 from xrt.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -53,12 +54,12 @@ class Qwen3DecoderLayer(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (mlp output, residual stream before it); the next layer's norm adds them. With
-        `executor.fuse_prefill_norms` a prefill pass (more rows than the skinny GEMM's) returns (residual stream
+        `executor.fuse_prefill_norms` a prefill pass of more rows than the skinny GEMM's returns (residual stream
         after the layer, None) instead: each residual add is the epilogue of the projection before it, each norm
         the prologue of the GEMM after it, and the next layer (or the final norm) takes the stream as layer 0
         takes the embeddings. The sublayers' forward is called directly: nothing hooks them, and
         nn.Module.__call__ costs host time on every step."""
-        if self.fuse_prefill_norms and residual is None and hidden.shape[0] > self.skinny_rows:
+        if self.fuse_prefill_norms and residual is None and hidden.shape[0] > self.skinny_rows and in_prefill():
             stream = self.self_attn.forward_fused(positions, hidden, self.input_layernorm)
             return self.mlp.forward_fused(stream, self.post_attention_layernorm), None
         if residual is None:
