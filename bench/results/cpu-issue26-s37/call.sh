@@ -5,13 +5,14 @@
 # carrying [".whl", ".fi-pack"]: `END_S=570 XRT_GIT_COMMIT=<sha> bash bench/results/cpu-issue26-s37/call.sh`.
 # In order while time is left, results in $OUT/r9.tgz after every step:
 # 1. the GPU tests of the kernels (against their references, 0.6B / 8B shapes, the ops' routing) and of the executor
-#    with the switches on against off;
-# 2. the kernels scenario's prefill_epilogues lines at 1024 and 8192 tokens (cuBLAS + the separate kernel, cuBLAS
-#    alone, each fused kernel's tilings), 0.6B then 8B;
-# 3. 0.6B TTFT at batches 1 and 8 (output 16 tokens: only the prefill matters): off / qkv / act / both / all (both
-#    + norms), then off / both / all again; then batch 100 off / both / all;
+#    with the switches on against off (they compile the default tiles the runs below take);
+# 2. 0.6B TTFT at batches 1 and 8 (output 16 tokens: only the prefill matters; decode steps never take the switches):
+#    off / qkv / act / both / all (both + norms), then off / both / all again; then batch 100 off / both / all;
+# 3. the kernels scenario's prefill_epilogues lines at 1024 and 8192 tokens (cuBLAS + the separate kernel, cuBLAS
+#    alone, each fused kernel's tilings: each a compile), 0.6B then 8B;
 # 4. the batch-8 prefill kernel by kernel with all three on (`xrt profile`);
-# 5. the whole GPU suite for the time left (`suite.log`; SUITE_ONLY=1 runs only this, on a warm machine).
+# 5. the whole GPU suite for the time left (`suite.log`; SUITE_ONLY=1 runs only this, on a warm machine);
+# 6. the FlashInfer and Triton caches back as $OUT/fi.tar.xz.* (15 MB parts: the next .fi-pack, new kernels compiled).
 source scripts/gpu_env.sh || exit 1
 R=/tmp/r9; rm -rf $R; mkdir -p $R; s=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version,memory.total --format=csv > $R/gpu.txt
@@ -25,8 +26,6 @@ if [ -z "$SUITE_ONLY" ]; then
   timeout 120 python3 -m pytest --gpu -m gpu tests/kernels/test_prefill_gemm_gpu.py \
     "tests/executor/test_cudagraph_gpu.py::test_prefill_epilogues_match_the_unfused" -q -rfE -p no:cacheprovider \
     > $R/tests.log 2>&1; save tests $?
-  timeout 100 $K bench.out_dir=$R/kern > $R/kern.log 2>&1; save kern $?
-  timeout 100 $K model=qwen3-8b bench.out_dir=$R/kern8 > $R/kern8.log 2>&1; save kern8 $?
   for run in off_a qkv_a act_a both_a all_a off_b both_b all_b; do
     [ $(left) -gt 60 ] || break
     timeout 60 $B "bench.batch=[1,8]" ${SW[${run%_*}]} bench.out_dir=$R/ab_$run > $R/ab_$run.log 2>&1
@@ -36,11 +35,14 @@ if [ -z "$SUITE_ONLY" ]; then
     [ $(left) -gt 80 ] || break
     timeout 75 $B "bench.batch=[100]" ${SW[$v]} bench.out_dir=$R/b100_$v > $R/b100_$v.log 2>&1; save b100_$v $?
   done
+  [ $(left) -gt 150 ] && { timeout 120 $K bench.out_dir=$R/kern > $R/kern.log 2>&1; save kern $?; }
+  [ $(left) -gt 150 ] && { timeout 120 $K model=qwen3-8b bench.out_dir=$R/kern8 > $R/kern8.log 2>&1; save kern8 $?; }
   [ $(left) -gt 100 ] && { timeout 60 python3 -m xrt profile profile.mode=breakdown executor=cudagraph \
     "profile.batch=[8]" profile.rows=30 ${SW[all]} > $R/bd8_all.log 2>&1; save bd8_all $?; }
 fi
-[ $(left) -gt 60 ] && { timeout $(( $(left) - 20 )) python3 -m pytest --gpu -m gpu tests -q -rfE -p no:cacheprovider \
+[ $(left) -gt 60 ] && { timeout $(( $(left) - 30 )) python3 -m pytest --gpu -m gpu tests -q -rfE -p no:cacheprovider \
   > $R/suite.log 2>&1; save suite $?; }
+tar -cJf /tmp/fi.tar.xz .fi/.cache .fi/triton 2>/dev/null && split -b 15M /tmp/fi.tar.xz $OUT/fi.tar.xz.
 cat $R/gpu.txt $R/times.txt; tail -n 6 $R/tests.log $R/suite.log 2>/dev/null
 grep -h '^|' $R/kern/results.md $R/kern8/results.md 2>/dev/null | grep -v "^|--" | head -120
 for f in $R/ab_*.log $R/b100_*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
