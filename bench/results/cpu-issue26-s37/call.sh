@@ -42,7 +42,7 @@ if [ -z "$SUITE_ONLY" ]; then
 fi
 [ $(left) -gt 60 ] && { timeout $(( $(left) - 30 )) python3 -m pytest --gpu -m gpu tests -q -rfE -p no:cacheprovider \
   > $R/suite.log 2>&1; save suite $?; }
-tar -cJf /tmp/fi.tar.xz .fi/.cache .fi/triton 2>/dev/null && split -b 15M /tmp/fi.tar.xz $OUT/fi.tar.xz.
+XZ_OPT=-T0 tar -cJf /tmp/fi.tar.xz .fi/.cache .fi/triton 2>/dev/null && split -b 15M /tmp/fi.tar.xz $OUT/fi.tar.xz.
 cat $R/gpu.txt $R/times.txt; tail -n 6 $R/tests.log $R/suite.log 2>/dev/null
 grep -h '^|' $R/kern/results.md $R/kern8/results.md 2>/dev/null | grep -v "^|--" | head -120
 for f in $R/ab_*.log $R/b100_*.log; do echo "$f $(grep -h '\[bench\] cudagraph' $f | tr '\n' ' ')"; done
