@@ -1,6 +1,7 @@
 """xrt's other Triton kernels compiled for the H200 (sm_90) on a machine without a GPU (tests/sm90_support.py), as their
 wrappers launch them for the Qwen3-0.6B and 8B shapes: the norms, silu_and_mul, q/k norm + RoPE with and without the
-KV write, store_kv, the qkv GEMM with them in its epilogue, the gate_up GEMM with the activation in its, the split-KV
+KV write, store_kv, the qkv GEMM with them in its epilogue, the gate_up GEMM with the activation in its (both also
+with the RMSNorm as their prologue), the o_proj / down GEMM with the residual add in its (both tiles), the split-KV
 decode attention (plain, and with the q/k norm, RoPE and KV write inside), the tiers' row copy, the greedy argmax.
 Each must compile and not spill. Skipped without triton's CUDA toolchain, and on CUDA machines, where the GPU tests
 launch the kernels themselves."""
