@@ -191,6 +191,11 @@ def test_linear_add(device: torch.device, dtype: torch.dtype, n_tokens: int, out
     check_linear_add(device, dtype, n_tokens, out_features, in_features)
 
 
+def test_linear_add_tma(device: torch.device) -> None:
+    """The kernel bench's tensor-descriptor (TMA) variant computes the same."""
+    check_linear_add(device, torch.bfloat16, 1000, 1024, 3072, tma=True)
+
+
 def test_linear_silu_and_mul_runs_the_kernel_past_the_skinny_batches(device: torch.device,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.ops.xrt.linear_silu_and_mul on CUDA: the gate_up GEMM kernel above 8 rows for 16-bit inputs; the skinny

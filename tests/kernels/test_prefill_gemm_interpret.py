@@ -77,6 +77,12 @@ def test_linear_add(dtype: torch.dtype, n_tokens: int, out_features: int, in_fea
 
 
 @in_process
+def test_linear_add_tma() -> None:
+    checks.check_linear_add(CPU, torch.bfloat16, 37, 48, 64, block_m=16, block_n=16, block_k=32, num_warps=4,
+                            tma=True)
+
+
+@in_process
 def test_linear_add_rejects_what_it_does_not_take() -> None:
     from xrt.kernels.residual_gemm import linear_add, supports
 

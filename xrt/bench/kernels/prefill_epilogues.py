@@ -47,6 +47,8 @@ NORM_VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tma": {"tma": True},
                                             "tma ws": {"tma": True, "warp_specialize": True}}
 RESIDUAL_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
+    "tma": {"tma": True},
+    "tma ws": {"tma": True, "warp_specialize": True},
     "bm128 warps8": {"block_m": 128, "num_warps": 8},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
     "stages4": {"num_stages": 4},
