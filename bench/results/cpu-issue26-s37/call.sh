@@ -35,8 +35,8 @@ if [ -z "$SUITE_ONLY" ]; then
     [ $(left) -gt 80 ] || break
     timeout 75 $B "bench.batch=[100]" ${SW[$v]} bench.out_dir=$R/b100_$v > $R/b100_$v.log 2>&1; save b100_$v $?
   done
-  [ $(left) -gt 150 ] && { timeout 120 $K bench.out_dir=$R/kern > $R/kern.log 2>&1; save kern $?; }
-  [ $(left) -gt 150 ] && { timeout 120 $K model=qwen3-8b bench.out_dir=$R/kern8 > $R/kern8.log 2>&1; save kern8 $?; }
+  [ $(left) -gt 180 ] && { timeout 150 $K bench.out_dir=$R/kern > $R/kern.log 2>&1; save kern $?; }
+  [ $(left) -gt 180 ] && { timeout 150 $K model=qwen3-8b bench.out_dir=$R/kern8 > $R/kern8.log 2>&1; save kern8 $?; }
   [ $(left) -gt 100 ] && { timeout 60 python3 -m xrt profile profile.mode=breakdown executor=cudagraph \
     "profile.batch=[8]" profile.rows=30 ${SW[all]} > $R/bd8_all.log 2>&1; save bd8_all $?; }
 fi
