@@ -1,7 +1,8 @@
 """The prefill's row-parallel projections (o_proj, down) with the residual add in their epilogue: what `xrt::linear`
 then the add of `xrt::fused_add_rms_norm` do, in one launch that writes the new residual stream. The norm that
 followed the add is the next GEMM's prologue (`executor.fuse_prefill_norms`, `gemm_tiles`), so the stream is
-written once and read by that GEMM only.
+written once a sublayer and read by the two GEMMs that need it (the next one's activations, the next add's
+residual), never by a norm kernel.
 
 Grid: (token tiles x column tiles), grouped along the tokens (`gemm_tiles.grouped_tile`). The product is rounded to
 the activation dtype before the add, as the unfused GEMM's output would be, and the sum rounded once (the
