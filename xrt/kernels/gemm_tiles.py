@@ -1,6 +1,6 @@
 """Pieces the prefill GEMMs with fused epilogues share (xrt/kernels/qkv_gemm.py, gate_up_gemm.py,
-residual_gemm.py): the grouped order of output tiles, the K loop of two dots over one activation tile, and the
-RMSNorm prologue. The weights are a linear's, [N, K] contiguous; K is a multiple of the K step (the wrappers check
+residual_gemm.py): the grouped order of output tiles, the K loops (one dot or two over each activation tile), and
+the RMSNorm prologue. The weights are a linear's, [N, K] contiguous; K is a multiple of the K step (the wrappers check
 it).
 
 The RMSNorm prologue (`executor.fuse_prefill_norms`): a program's K loop reads its rows whole, so it sums their
