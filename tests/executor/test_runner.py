@@ -246,6 +246,18 @@ def test_layers_hand_a_fusing_backend_the_raw_qkv() -> None:
     assert torch.equal(fused.kv_cache.tensor, ref.kv_cache.tensor)
 
 
+def prefill_fusion_steps() -> list[StepInput]:
+    """For the prefill fusion switches at skinny_gemm_max_rows=4: two prefills of more rows (the second over a cached
+    prefix) and two decode steps, of fewer rows and of more."""
+    return [
+        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
+        StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
+        StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
+        # a decode step of more rows than skinny_gemm_max_rows: not a prefill, so the ops apart
+        StepInput(False, [SeqChunk([20 + i], 0, [page]) for i, page in enumerate((0, 1, 2, 4, 6))]),
+    ]
+
+
 def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None:
     """executor.fuse_qkv_epilogue and executor.fuse_prefill_activation: prefill passes of more rows than
     skinny_gemm_max_rows run each layer's qkv projection, q/k norm, RoPE and KV write as one
@@ -261,13 +273,7 @@ def test_prefill_epilogue_switches_run_one_op_a_layer_for_prefill_rows() -> None
     cfg.executor.fuse_prefill_activation = True
     cfg.executor.skinny_gemm_max_rows = 4
     fused = ModelRunner(cfg)
-    steps = [
-        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
-        StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
-        StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
-        # a decode step of more rows than skinny_gemm_max_rows: not a prefill, so the ops apart
-        StepInput(False, [SeqChunk([20 + i], 0, [page]) for i, page in enumerate((0, 1, 2, 4, 6))]),
-    ]
+    steps = prefill_fusion_steps()
     layers = cfg.model.num_hidden_layers
     for step, fused_calls in zip(steps, (layers, layers, 0, 0), strict=True):
         want = ref.execute(step)
@@ -305,13 +311,7 @@ def test_prefill_norms_switch_folds_the_norms_into_the_gemms_for_prefill_rows() 
         if name.endswith("layernorm.weight") or name.endswith("model.norm.weight"):
             a.data.copy_(torch.rand(a.shape, generator=gen) + 0.5)
             b.data.copy_(a.data)
-    steps = [
-        StepInput(True, [SeqChunk([5, 6, 7, 8, 9, 10], 0, [9, 3]), SeqChunk([1, 2, 3], 0, [5])]),  # 9 rows
-        StepInput(True, [SeqChunk([11, 12, 13, 14, 15], 6, [9, 3, 7])]),  # 5 rows over a cached prefix
-        StepInput(False, [SeqChunk([4], 11, [9, 3, 7]), SeqChunk([8], 3, [5])]),  # 2 rows
-        # a decode step of more rows than skinny_gemm_max_rows: not a prefill, so the ops apart
-        StepInput(False, [SeqChunk([20 + i], 0, [page]) for i, page in enumerate((0, 1, 2, 4, 6))]),
-    ]
+    steps = prefill_fusion_steps()
     layers = cfg.model.num_hidden_layers
     for step, folded in zip(steps, (True, True, False, False), strict=True):
         want = ref.execute(step)
