@@ -60,24 +60,18 @@ def calls(model: str) -> dict[str, Callable[[], object]]:
         "linear_qk_norm_rope_store_kv tma": lambda: linear_qk_norm_rope_store_kv(
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6, tma=True),
-        "linear_qk_norm_rope_store_kv tma ws": lambda: linear_qk_norm_rope_store_kv(
-            x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
-            kv_heads, d, 1e-6, w, tma=True, warp_specialize=True),
         "linear_qk_norm_rope_store_kv norm": lambda: linear_qk_norm_rope_store_kv(
             x, torch.empty(qkv.shape[1], hidden, dtype=BF16), head_w, head_w, cos_sin, positions, cache, slots, heads,
             kv_heads, d, 1e-6, w),
         "gate_up linear_silu_and_mul": lambda: linear_silu_and_mul(x, torch.empty(2 * inter, hidden, dtype=BF16)),
-        "gate_up linear_silu_and_mul tma ws": lambda: linear_silu_and_mul(
-            x, torch.empty(2 * inter, hidden, dtype=BF16), w, tma=True, warp_specialize=True),
         "gate_up linear_silu_and_mul norm": lambda: linear_silu_and_mul(
             x, torch.empty(2 * inter, hidden, dtype=BF16), w),
         "linear_add o_proj": lambda: linear_add(torch.empty(TOKENS, heads * d, dtype=BF16),
                                                 torch.empty(hidden, heads * d, dtype=BF16), res),
         "linear_add down": lambda: linear_add(torch.empty(TOKENS, inter, dtype=BF16),
                                               torch.empty(hidden, inter, dtype=BF16), res),
-        "linear_add down tma ws": lambda: linear_add(torch.empty(TOKENS, inter, dtype=BF16),
-                                                     torch.empty(hidden, inter, dtype=BF16), res, tma=True,
-                                                     warp_specialize=True),
+        "linear_add down tma": lambda: linear_add(torch.empty(TOKENS, inter, dtype=BF16),
+                                                  torch.empty(hidden, inter, dtype=BF16), res, tma=True),
         "linear_add down small tile": lambda: linear_add(torch.empty(TOKENS, inter, dtype=BF16),
                                                          torch.empty(hidden, inter, dtype=BF16), res, block_m=64,
                                                          num_warps=4),

@@ -32,9 +32,6 @@ NUM_STAGES = 3
 GROUP_M = 8
 # The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads (off until the bench says).
 TMA = False
-# With TMA: a warp group that only loads, ahead of the ones that compute (Triton's `tl.range(warp_specialize=)`; off
-# until the bench says).
-WARP_SPECIALIZE = False
 
 
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
@@ -42,7 +39,7 @@ WARP_SPECIALIZE = False
 def _gate_up_kernel(
     x_ptr, w_ptr, out_ptr, norm_ptr, M, K, inter, stride_xm, stride_om, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
-    DOT_FP32: tl.constexpr, NORM: tl.constexpr, WS: tl.constexpr,
+    DOT_FP32: tl.constexpr, NORM: tl.constexpr,
 ):
     pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(inter, BLOCK_N), GROUP_M)
     rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,7 +52,7 @@ def _gate_up_kernel(
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WS):
+        for k0 in range(0, K, BLOCK_K):
             x = x_ptr.load([pm * BLOCK_M, k0])
             if NORM:
                 x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
@@ -93,13 +90,13 @@ def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
 def linear_silu_and_mul(
     x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
     block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES, tma: bool = TMA, warp_specialize: bool = WARP_SPECIALIZE,
+    num_stages: int = NUM_STAGES, tma: bool = TMA,
 ) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up] [2I, K] -> [T, I] in x's dtype; with norm_weight [K],
     x's rows RMS-normalised first (eps; the RMSNorm prologue, `xrt.kernels.gemm_tiles`). The tile arguments are
     for the kernel bench and the CPU tests; the defaults are what the op runs. tma: the operand tiles through
     tensor descriptors (the intermediate size must then be a multiple of block_n: a gate tile must not reach into
-    the up rows); warp_specialize (with tma): a loading warp group ahead of the computing ones."""
+    the up rows)."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"gate_up linear_silu_and_mul x: expected [tokens, hidden] with unit last stride, got "
                          f"shape {tuple(x.shape)} strides {x.stride()}")
@@ -131,6 +128,6 @@ def linear_silu_and_mul(
     _gate_up_kernel[grid](
         x_arg, w_arg, out, x if norm_weight is None else norm_weight, t, k, inter, x.stride(0), out.stride(0),
         float(eps), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, TMA=tma, DOT_FP32=dot_fp32,
-        NORM=norm_weight is not None, WS=tma and warp_specialize, num_warps=num_warps, num_stages=num_stages,
+        NORM=norm_weight is not None, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -6,8 +6,7 @@ A program owns BLOCK_M tokens of one head (a q, k or v head: the tile is one hea
 accumulator is one whole head of one token and the per-head RMSNorm needs nothing from other programs. NeoX RoPE
 pairs column i with i + D / 2: the accumulator is split into its halves after the K loop (or, `one_dot=False`,
 computed as two dots of D / 2 columns, which are the halves already). `tma=True` loads the operand tiles through
-tensor descriptors (the copy engine) instead of pointer loads; `warp_specialize=True` with it splits the K loop
-between a loading and a computing warp group (Triton's `tl.range(warp_specialize=)`).
+tensor descriptors (the copy engine) instead of pointer loads.
 The accumulator is rounded to the activation dtype before the norm, as the unfused GEMM's output would be; from
 there the numerics are `xrt.kernels.qk_norm_rope`'s (fp32 norm, weight and rotation, one rounding). k and v heads
 also go to the paged cache at `slot_mapping` (rows with slot < 0 are not written). Given the input norm's weight,
@@ -39,8 +38,6 @@ GROUP_M = 8
 ONE_DOT = True
 # The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads (off until the bench says).
 TMA = False
-# With TMA: a warp group that only loads, ahead of the ones that compute (off until the bench says).
-WARP_SPECIALIZE = False
 
 
 @triton.jit
@@ -65,7 +62,7 @@ def _qkv_gemm_kernel(
     c_page_stride, c_kv_stride, c_slot_stride, c_head_stride, page_size, eps,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ONE_DOT: tl.constexpr, TMA: tl.constexpr,
-    DOT_FP32: tl.constexpr, NORM: tl.constexpr, WS: tl.constexpr,
+    DOT_FP32: tl.constexpr, NORM: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     pm, head = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), NUM_HEADS + 2 * NUM_KV_HEADS, GROUP_M)
@@ -79,7 +76,7 @@ def _qkv_gemm_kernel(
         # in by the copy engine, rows past M as zeros.
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WS):
+        for k0 in range(0, K, BLOCK_K):
             x = x_ptr.load([pm * BLOCK_M, k0])
             if NORM:
                 x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
@@ -152,7 +149,7 @@ def linear_qk_norm_rope_store_kv(
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, eps: float, norm_weight: torch.Tensor | None = None, *,
     block_m: int = BLOCK_M, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
-    one_dot: bool = ONE_DOT, tma: bool = TMA, warp_specialize: bool = WARP_SPECIALIZE,
+    one_dot: bool = ONE_DOT, tma: bool = TMA,
 ) -> torch.Tensor:
     """x [T, K] @ weight [(H + 2 KV) * D, K]^T, its q and k heads normalised and rotated, its k and v heads
     written to kv_cache at slot_mapping: returns qkv [T, (H + 2 KV) * D] as xrt::qk_norm_rope_store_kv leaves it.
@@ -201,7 +198,6 @@ def linear_qk_norm_rope_store_kv(
         *kv_cache.stride()[:4], kv_cache.shape[2], float(eps),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=GROUP_M, ONE_DOT=one_dot, TMA=tma, DOT_FP32=dot_fp32,
-        WS=tma and warp_specialize,
         NORM=norm_weight is not None, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -31,10 +31,8 @@ GROUP_M = 8
 # at 1024 tokens), half as many tokens a program and half the warps, so twice the programs.
 SMALL_BLOCK_M = 64
 SMALL_NUM_WARPS = 4
-# The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads, and with them a loading warp group
-# ahead of the computing ones (Triton's `tl.range(warp_specialize=)`): for the kernel bench, off until it says.
+# The operand tiles by tensor descriptors (Hopper's TMA) instead of pointer loads (off until the bench says).
 TMA = False
-WARP_SPECIALIZE = False
 
 
 # The token count is the one argument that changes between calls: not specialised on, so one compile serves all.
@@ -42,7 +40,7 @@ WARP_SPECIALIZE = False
 def _linear_add_kernel(
     x_ptr, w_ptr, res_ptr, out_ptr, M, N, K, stride_xm, stride_rm, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_FP32: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    DOT_FP32: tl.constexpr, TMA: tl.constexpr,
 ):
     pm, pn = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,7 +52,7 @@ def _linear_add_kernel(
         # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] blocks): rows past the
         # ends come in as zeros.
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, warp_specialize=WS):
+        for k0 in range(0, K, BLOCK_K):
             x = x_ptr.load([pm * BLOCK_M, k0])
             w = w_ptr.load([pn * BLOCK_N, k0])
             if DOT_FP32:
@@ -81,13 +79,13 @@ def supports(x: torch.Tensor, block_k: int = BLOCK_K) -> bool:
 def linear_add(
     x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, block_m: int | None = None,
     block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int | None = None, num_stages: int = NUM_STAGES,
-    tma: bool = TMA, warp_specialize: bool = WARP_SPECIALIZE,
+    tma: bool = TMA,
 ) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T + residual [T, N] -> [T, N] in x's dtype (a new tensor). The tile arguments are
     for the kernel bench and the CPU tests; the defaults are what the op runs (block_m and num_warps: BLOCK_M and
     NUM_WARPS, or the small tile where those fall short of one wave on the GPU). Each token count picks its tile
     from static sizes, so a prefill graph's warm-up compiles what its capture runs. tma: the operand tiles through
-    tensor descriptors; warp_specialize (with tma): a loading warp group ahead of the computing ones."""
+    tensor descriptors."""
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"linear_add x: expected [tokens, input] with unit last stride, got shape "
                          f"{tuple(x.shape)} strides {x.stride()}")
@@ -123,6 +121,6 @@ def linear_add(
     _linear_add_kernel[grid](
         x_arg, w_arg, residual, out, t, n, k, x.stride(0), residual.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, DOT_FP32=dot_fp32, TMA=tma,
-        WS=tma and warp_specialize, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -32,23 +32,19 @@ GROUP = KernelGroup.PREFILL_EPILOGUES.value
 QKV_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "tma": {"tma": True},
-    "tma ws": {"tma": True, "warp_specialize": True},
     "stages4": {"num_stages": 4},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
 }
 GATE_UP_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "tma": {"tma": True},
-    "tma ws": {"tma": True, "warp_specialize": True},
     "bn128": {"block_n": 128},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
 }
-NORM_VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tma": {"tma": True},
-                                            "tma ws": {"tma": True, "warp_specialize": True}}
+NORM_VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "tma": {"tma": True}}
 RESIDUAL_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "tma": {"tma": True},
-    "tma ws": {"tma": True, "warp_specialize": True},
     "bm128 warps8": {"block_m": 128, "num_warps": 8},
     "bm64 warps4": {"block_m": 64, "num_warps": 4},
     "stages4": {"num_stages": 4},
