@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale
+from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, rms_scale, tma_dual_dot
 
 # Tokens x intermediate columns per program, K step, warps, stages: two 128 x 64 accumulators (the qkv GEMM's
 # dot-per-half shape).
@@ -49,21 +49,8 @@ def _gate_up_kernel(
     if TMA:
         # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] blocks): the tiles
         # come in by the copy engine, rows past the ends as zeros (intermediate sizes in whole tiles: `supports`).
-        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = x_ptr.load([pm * BLOCK_M, k0])
-            if NORM:
-                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
-            gate_w = w_ptr.load([pn * BLOCK_N, k0])
-            up_w = w_ptr.load([inter + pn * BLOCK_N, k0])
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                gate_w = gate_w.to(tl.float32)
-                up_w = up_w.to(tl.float32)
-            acc_gate = tl.dot(x, gate_w.T, acc_gate)
-            acc_up = tl.dot(x, up_w.T, acc_up)
+        acc_gate, acc_up, ss = tma_dual_dot(x_ptr, w_ptr, pm * BLOCK_M, pn * BLOCK_N, inter + pn * BLOCK_N, K,
+                                            norm_ptr, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, NORM)
     else:
         rk = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]

@@ -1,7 +1,7 @@
 """Pieces the prefill GEMMs with fused epilogues share (xrt/kernels/qkv_gemm.py, gate_up_gemm.py,
-residual_gemm.py): the grouped order of output tiles, the K loops (one dot or two over each activation tile), and
-the RMSNorm prologue. The weights are a linear's, [N, K] contiguous; K is a multiple of the K step (the wrappers check
-it).
+residual_gemm.py): the grouped order of output tiles, the K loops (one dot or two over each activation tile, by
+pointer loads or tensor descriptors), and the RMSNorm prologue. The weights are a linear's, [N, K] contiguous; K is a
+multiple of the K step (the wrappers check it).
 
 The RMSNorm prologue (`executor.fuse_prefill_norms`): a program's K loop reads its rows whole, so it sums their
 squares as it goes and multiplies each activation tile by the norm's weight before the dot; the rows' 1 / RMS is
@@ -96,4 +96,46 @@ def dual_dot(x_ptrs, a_ptrs, b_ptrs, m_ok, n_ok, K, norm_ptr, BLOCK_M: tl.conste
         x_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    return acc_a, acc_b, ss
+
+
+@triton.jit
+def tma_dot(x_desc, w_desc, x_row, w_row, K, norm_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, NORM: tl.constexpr):
+    """`single_dot` with the operand tiles through tensor descriptors (Hopper's TMA: rows past the ends come in as
+    zeros): x rows x_row.. and weight rows w_row.., over all of K."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = x_desc.load([x_row, k0])
+        if NORM:
+            x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
+        w = w_desc.load([w_row, k0])
+        if DOT_FP32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, w.T, acc)
+    return acc, ss
+
+
+@triton.jit
+def tma_dual_dot(x_desc, w_desc, x_row, a_row, b_row, K, norm_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, NORM: tl.constexpr):
+    """`dual_dot` with the operand tiles through tensor descriptors: x rows x_row.. against weight rows a_row.. and
+    b_row.., over all of K."""
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = x_desc.load([x_row, k0])
+        if NORM:
+            x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
+        a = w_desc.load([a_row, k0])
+        b = w_desc.load([b_row, k0])
+        if DOT_FP32:
+            x = x.to(tl.float32)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc_a = tl.dot(x, a.T, acc_a)
+        acc_b = tl.dot(x, b.T, acc_b)
     return acc_a, acc_b, ss

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, normed_operand, rms_scale, single_dot
+from xrt.kernels.gemm_tiles import check_norm_weight, dual_dot, grouped_tile, rms_scale, single_dot, tma_dot
 from xrt.kernels.store_kv import check_kv_cache
 
 # Tokens per program and K step: 128 x 128 tiles on tensor cores, 8 warps (one warp group per 64 rows).
@@ -74,17 +74,8 @@ def _qkv_gemm_kernel(
     if TMA:
         # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [HEAD_DIM, BLOCK_K] blocks): the tiles come
         # in by the copy engine, rows past M as zeros.
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = x_ptr.load([pm * BLOCK_M, k0])
-            if NORM:
-                x, ss = normed_operand(x, norm_ptr, k0, ss, BLOCK_K)
-            w = w_ptr.load([head * HEAD_DIM, k0])
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(x, w.T, acc)
+        acc, ss = tma_dot(x_ptr, w_ptr, pm * BLOCK_M, head * HEAD_DIM, K, norm_ptr, BLOCK_M, HEAD_DIM, BLOCK_K,
+                          DOT_FP32, NORM)
         if NORM:
             acc = rms_scale(acc, ss, K, eps)
         y1, y2 = tl.split(tl.permute(tl.reshape(acc.to(dtype), [BLOCK_M, 2, HALF]), (0, 2, 1)))

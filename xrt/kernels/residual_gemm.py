@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xrt.kernels.gemm_tiles import grouped_tile, single_dot
+from xrt.kernels.gemm_tiles import grouped_tile, single_dot, tma_dot
 from xrt.kernels.launch import sm_count
 
 # Tokens x output columns per program, K step, warps, stages: cuBLAS's 128 x 128-class tile on tensor cores.
@@ -50,15 +50,8 @@ def _linear_add_kernel(
     n_ok = rn < N
     if TMA:
         # x_ptr and w_ptr are tensor descriptors ([BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K] blocks): rows past the
-        # ends come in as zeros.
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            x = x_ptr.load([pm * BLOCK_M, k0])
-            w = w_ptr.load([pn * BLOCK_N, k0])
-            if DOT_FP32:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(x, w.T, acc)
+        # ends come in as zeros. No norm (x_ptr stands in for its weight).
+        acc, _ = tma_dot(x_ptr, w_ptr, pm * BLOCK_M, pn * BLOCK_N, K, x_ptr, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, False)
     else:
         x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
