@@ -196,17 +196,23 @@ def test_linear_add_tma(device: torch.device) -> None:
     check_linear_add(device, torch.bfloat16, 1000, 1024, 3072, tma=True)
 
 
+def kernel_calls(monkeypatch: pytest.MonkeyPatch, module: str, function: str) -> list[int]:
+    """The row counts the op's CUDA routing hands `xrt.kernels.<module>.<function>`, appended as the wrapped kernel
+    runs (the CUDA implementations registered first)."""
+    kernels = importlib.import_module(f"xrt.kernels.{module}")
+    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
+
+    calls: list[int] = []
+    real = getattr(kernels, function)
+    monkeypatch.setattr(kernels, function, lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    return calls
+
+
 def test_linear_silu_and_mul_runs_the_kernel_past_the_skinny_batches(device: torch.device,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.ops.xrt.linear_silu_and_mul on CUDA: the gate_up GEMM kernel above 8 rows for 16-bit inputs; the skinny
     GEMM or cuBLAS + silu_and_mul at 8 rows and below, and for fp32; the same values each way."""
-    gate_up_gemm = importlib.import_module("xrt.kernels.gate_up_gemm")
-    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
-
-    calls: list[int] = []
-    real = gate_up_gemm.linear_silu_and_mul
-    monkeypatch.setattr(gate_up_gemm, "linear_silu_and_mul",
-                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    calls = kernel_calls(monkeypatch, "gate_up_gemm", "linear_silu_and_mul")
     gen = torch.Generator().manual_seed(1)
     for norm in (False, True):
         for dtype, rows, fused in ((torch.bfloat16, 9, True), (torch.bfloat16, 8, False),
@@ -225,12 +231,7 @@ def test_linear_add_runs_the_kernel_past_the_skinny_batches(device: torch.device
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.ops.xrt.linear_add on CUDA: the residual GEMM kernel above 8 rows for 16-bit inputs; xrt::linear and an
     add at 8 rows and below, and for fp32; the same values each way."""
-    residual_gemm = importlib.import_module("xrt.kernels.residual_gemm")
-    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
-
-    calls: list[int] = []
-    real = residual_gemm.linear_add
-    monkeypatch.setattr(residual_gemm, "linear_add", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    calls = kernel_calls(monkeypatch, "residual_gemm", "linear_add")
     gen = torch.Generator().manual_seed(2)
     for dtype, rows, fused in ((torch.bfloat16, 9, True), (torch.bfloat16, 8, False), (torch.float32, 40, False)):
         x = torch.randn(rows, 2048, generator=gen).to(dtype)
@@ -247,13 +248,7 @@ def test_the_op_runs_the_kernel_where_it_takes_the_shape(device: torch.device,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.ops.xrt.linear_qk_norm_rope_store_kv on CUDA: the fused kernel for a 16-bit head of 128, xrt::linear
     and the qk_norm_rope_store_kv kernel for what it does not take (head_dim 16, fp32); the same values each way."""
-    qkv_gemm = importlib.import_module("xrt.kernels.qkv_gemm")
-    import xrt.ops  # noqa: F401  (registers the CUDA implementations)
-
-    calls: list[int] = []
-    real = qkv_gemm.linear_qk_norm_rope_store_kv
-    monkeypatch.setattr(qkv_gemm, "linear_qk_norm_rope_store_kv",
-                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    calls = kernel_calls(monkeypatch, "qkv_gemm", "linear_qk_norm_rope_store_kv")
     for dtype, head_dim, fused in ((torch.bfloat16, 128, True), (torch.bfloat16, 16, False),
                                    (torch.float32, 128, False)):
         gen = torch.Generator().manual_seed(head_dim)
